@@ -83,8 +83,13 @@ removes those low-order bits; the noisy floats themselves are never written.
 
 Scale-out: the histogram -> noise -> threshold stage is exactly a DP count with private
 partition selection (partitions = words, privacy id = example id, max partitions
-contributed = K, max contributions per partition = 1), which PipelineDP runs on Apache
-Beam or Spark; see ``docs/dp_vocab.md``.
+contributed = K, max contributions per partition = 1).  In PipelineDP (Apache Beam or
+Spark backends) that is ``DPEngine.aggregate`` with ``Metrics.PRIVACY_ID_COUNT``,
+``NoiseKind.LAPLACE``, ``PartitionSelectionStrategy.LAPLACE_THRESHOLDING`` and
+``post_aggregation_thresholding=True`` (or ``DPEngine.select_partitions`` for the word
+set alone).  To keep this module's PLD calibration instead, run the same stages as
+plain Beam transforms with (b, tau) from :func:`calibrate_histogram`.  Details in
+``docs/dp_vocab.md``.
 """
 
 from __future__ import annotations
@@ -555,6 +560,11 @@ def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
     trains from counts directly but its pieces would need converting to ``##`` form;
     the HF trainer emits it natively and matches ``BertTokenizerFast``.
 
+    Reproducibility: the trainer breaks ties between equally frequent pairs in an
+    order that depends on Rust's randomised hash maps, so two runs on the same counts
+    can differ in a few tied merges (the noisy counts themselves are bit-identical for
+    a given seed; ``word_counts.tsv`` keeps them).
+
     Layout of the result (``vocab_size`` lines): :func:`special_tokens`, the public
     alphabet (initial characters, then ``##`` characters), then learned tokens in the
     trainer's order (its alphabet, then merges, most frequent first), then
@@ -640,7 +650,7 @@ class VocabResult:
 
 
 def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
-                epsilon: float, delta: float, max_words_per_example: int,
+                epsilon: float | None, delta: float | None, max_words_per_example: int,
                 out_dir: str | os.PathLike[str], dp: bool = True,
                 do_lower_case: bool = True, seed: int | None = None, num_workers: int = 1,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
@@ -655,7 +665,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
       input_path: the corpus file.
       fmt: "text" or "noteevents" (what an example is: ``EXAMPLE_DEFINITIONS``).
       vocab_size: lines of ``vocab.txt``.
-      epsilon, delta: example-level targets (ignored, but reported, when ``dp=False``).
+      epsilon, delta: example-level targets (may be None when ``dp=False``; then they
+        are only reported).
       max_words_per_example: K.
       out_dir: output folder (created); must not already hold a vocabulary.
       dp: False builds the non-private vocabulary from raw counts (no bounding, no
@@ -682,7 +693,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
     if not (isinstance(num_workers, int) and num_workers >= 1):
         raise VocabError(f"num_workers must be an integer >= 1, got {num_workers!r}")
-    privacy = calibrate_histogram(float(epsilon), float(delta), max_words_per_example,
+    privacy = calibrate_histogram(epsilon, delta, max_words_per_example,
                                   accounting) if dp else None
     floor = min_vocab_size(do_lower_case, num_unused)
     if vocab_size < floor:
@@ -741,6 +752,11 @@ def _atomic_write(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _finite_or_none(value: float | None) -> float | None:
+    """``value`` as a float, or None when unset or not finite (JSON has no NaN)."""
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
 def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: float,
             k: int, vocab_size: int, num_learned: int, num_unused: int,
             do_lower_case: bool, seed: int | None, num_examples: int,
@@ -775,8 +791,8 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
             mechanism="NON-PRIVATE: raw word counts (no contribution bounding, no noise, "
                       "no threshold); this vocabulary can contain any rare word of the "
                       "corpus",
-            requested_epsilon=float(epsilon), requested_delta=float(delta),
-            requested_K=k)
+            requested_epsilon=_finite_or_none(epsilon),
+            requested_delta=_finite_or_none(delta), requested_K=k)
     report.update(
         num_examples=num_examples,
         num_distinct_words=num_distinct,

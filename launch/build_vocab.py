@@ -59,7 +59,7 @@ def main(argv: list[str]) -> None:
     try:
         result = dp_vocab.build_vocab(
             _INPUT.value, _FORMAT.value, _VOCAB_SIZE.value,
-            _EPSILON.value if dp else float("nan"), _DELTA.value if dp else float("nan"),
+            _EPSILON.value, _DELTA.value,
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
             num_unused=_NUM_UNUSED.value, progress=True)

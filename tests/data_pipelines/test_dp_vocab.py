@@ -300,7 +300,7 @@ def test_build_vocab_secret_absent_planted_present(synthetic_corpus, tmp_path):
     assert tok.pad_token_id == 0 and tok.unk_token_id == 100 and tok.mask_token_id == 103
     assert tok.tokenize(f"{PLANTED.upper()}!") == [PLANTED, "!"]
     # The check can fail: the non-private vocabulary does contain the secret.
-    res = dp_vocab.build_vocab(synthetic_corpus, "text", 1200, 8.0, 1e-6, 64,
+    res = dp_vocab.build_vocab(synthetic_corpus, "text", 1200, None, None, 64,
                                tmp_path / "nodp", dp=False, progress=False)
     assert SECRET in _vocab_tokens(res.vocab_path)
     report = json.loads(res.privacy_path.read_text())
