@@ -112,7 +112,6 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from data_pipelines import corpora
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # BERT's own layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102,
 # [MASK]=103, so the special ids match bert-base vocabularies.
 DEFAULT_NUM_UNUSED = 99
