@@ -1,0 +1,235 @@
+"""The DP-SGD update: clip -> accumulate -> noise -> optimizer, inside one jitted step.
+
+Call sequence (all inside the training loop's ONE jitted, sharded train step;
+`DPAggregator.update` is that whole sequence):
+
+    1. grad_sum, metrics, n_bad = clipper.clipped_sum(loss_fn, params, batch, mask, k)
+         float32 sum of clipped per-example gradients of this physical batch
+         (vmap + scan over microbatches).
+    2. acc = state.grad_acc + grad_sum            (float32; skipped if accumulation_steps == 1)
+    3. if this call completes the logical batch (lax.cond, same jitted function):
+         noisy = acc + N(0, (sigma C)^2 I)        one float32 draw, nothing in between
+         g     = noisy / expected_batch_size      the public expected size, never the realised one
+         params, opt_state = optimizer step on g  frozen leaves left unchanged
+         acc   = 0
+    4. return params, opt_state, state, metrics   metrics: batch totals only
+
+A logical batch (one noise draw, one optimizer update, one accountant step)
+spans `accumulation_steps` calls (Hoory et al.'s "batch spread in time").  The
+optimizer never sees an un-noised gradient: it is only called on `noisy`.  The
+result does not depend (beyond float rounding) on how a logical batch is split
+into calls and microbatches, because per-example RNG keys depend on the
+example's position and the noise key on the logical step only.
+
+Randomness is owned by the state (`DPState.rng`, a raw uint32[2] key):
+  example r of call c:   fold_in(fold_in(fold_in(rng, 0), c), r)   (dropout)
+  noise of step t, leaf i: fold_in(fold_in(fold_in(rng, 1), t), i)
+so noise keys never repeat across steps or leaves and never equal a dropout key.
+
+Sharding: give `DPState.grad_acc` the params' sharding (it has their structure);
+counters and rng are replicated scalars.  Set `DPConfig.num_shards` to the size
+of the data axis; `microbatch_size` is global (see `dpbert.dp.clipping`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from dpbert.dp import clipping
+from dpbert.dp import noise as noise_lib
+from dpbert.dp import trees
+
+PyTree = Any
+_EXAMPLE_STREAM = 0
+_NOISE_STREAM = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+    """DP-SGD engine configuration.
+
+    Attributes:
+      clip_norm: C, per-example L2 clip norm over all trainable parameters
+        (math.inf only with noise_multiplier=0, for testing).
+      noise_multiplier: sigma as configured; noise std per logical batch is sigma*C
+        (sigma*C*sqrt(num_shards) with noise_mode="per_shard").  0 = no noise
+        (NOT private; testing only).
+      expected_batch_size: q * N, the public expected logical batch size; the
+        noisy sum is divided by it.
+      microbatch_size: GLOBAL examples per scan iteration (None = whole physical
+        batch); must divide the physical batch and be a multiple of num_shards.
+      accumulation_steps: jitted calls per logical batch (>= 1).
+      noise_mode: "global" (total std sigma*C whatever the number of shards) or
+        "per_shard" (TF CrossShardOptimizer compatible, std sigma*C*sqrt(P)).
+      num_shards: P, size of the mesh's data axis.
+    """
+
+    clip_norm: float
+    noise_multiplier: float
+    expected_batch_size: float
+    microbatch_size: int | None = None
+    accumulation_steps: int = 1
+    noise_mode: str = "global"
+    num_shards: int = 1
+
+    def __post_init__(self):
+        if not (isinstance(self.expected_batch_size, (int, float))
+                and 0 < self.expected_batch_size < math.inf):
+            raise ValueError(f"expected_batch_size={self.expected_batch_size!r} must be a "
+                             "positive finite number")
+        if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps={self.accumulation_steps!r} must be an "
+                             "int >= 1")
+        # Validates clip_norm, noise_multiplier, noise_mode, num_shards.
+        noise_lib.noise_stddev(self.clip_norm, self.noise_multiplier, self.noise_mode,
+                               self.num_shards)
+        clipping.VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards)
+
+    @property
+    def noise_stddev(self) -> float:
+        return noise_lib.noise_stddev(self.clip_norm, self.noise_multiplier,
+                                      self.noise_mode, self.num_shards)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "DPConfig":
+        """From an ml_collections.ConfigDict (or a mapping) with these field names.
+
+        Missing optional fields take their defaults; unknown fields are ignored
+        (the DP config section may hold accounting fields too).
+        """
+        get = config.get if hasattr(config, "get") else (
+            lambda k, d=None: getattr(config, k, d))
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            value = get(f.name, None)
+            if value is None:
+                if f.default is dataclasses.MISSING:
+                    raise ValueError(f"DP config lacks the required field {f.name!r}")
+                continue
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+
+@flax.struct.dataclass
+class DPState:
+    """Engine state carried between jitted calls; a pytree orbax can checkpoint.
+
+    Attributes:
+      grad_acc: float32 pytree like params, clipped sums of the current logical
+        batch's calls so far (None when accumulation_steps == 1).  It is a sum of
+        private gradients WITHOUT noise: checkpoint it only to storage as trusted
+        as the training data, and never log it.
+      micro_step: int32 [], calls already accumulated in the current logical batch.
+      step: int32 [], logical steps (noise draws, optimizer updates) completed.
+      rng: uint32 [2], raw PRNG key from which all engine randomness derives.
+    """
+
+    grad_acc: PyTree
+    micro_step: jax.Array
+    step: jax.Array
+    rng: jax.Array
+
+
+class DPAggregator:
+    """Wires clipping, accumulation, noise and an optax optimizer (see module doc).
+
+    Args:
+      config: `DPConfig`.
+      loss_fn: per-example loss ``loss_fn(params, example, rng) -> (loss, metrics)``.
+      optimizer: any optax GradientTransformation; it only ever sees the noisy,
+        normalised gradient.
+      trainable: trainable filter (`dpbert.dp.trees.TrainableFilter`): frozen
+        leaves get no gradient, no noise, and are not updated.
+      clipper: a `GradientClipper`; default `VmapClipper(config...)`.
+    """
+
+    def __init__(self, config: DPConfig, loss_fn: clipping.LossFn,
+                 optimizer: optax.GradientTransformation, *,
+                 trainable: trees.TrainableFilter = None,
+                 clipper: clipping.GradientClipper | None = None):
+        self.config = config
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.trainable = trainable
+        self.clipper = clipper or clipping.VmapClipper(
+            config.clip_norm, config.microbatch_size, config.num_shards, trainable)
+
+    def init(self, params: PyTree, rng: jax.Array | int) -> DPState:
+        """Initial state; `rng` is an int seed or a raw uint32[2] key."""
+        if isinstance(rng, int):
+            rng = jax.random.PRNGKey(rng)
+        trees.resolve_trainable_mask(params, self.trainable)  # validate early
+        acc = (None if self.config.accumulation_steps == 1 else
+               jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params))
+        return DPState(grad_acc=acc, micro_step=jnp.zeros((), jnp.int32),
+                       step=jnp.zeros((), jnp.int32), rng=jnp.asarray(rng, jnp.uint32))
+
+    def call_key(self, state: DPState) -> jax.Array:
+        """Key of the current call (per-example keys are fold_in(., position))."""
+        call = state.step * self.config.accumulation_steps + state.micro_step
+        return jax.random.fold_in(jax.random.fold_in(state.rng, _EXAMPLE_STREAM), call)
+
+    def noise_key(self, state: DPState) -> jax.Array:
+        """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
+        return jax.random.fold_in(jax.random.fold_in(state.rng, _NOISE_STREAM), state.step)
+
+    def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> PyTree:
+        """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32."""
+        noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
+                                    self.config.noise_stddev, self.trainable)
+        return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy)
+
+    def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,
+               clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
+        grads = self.noisy_gradient(state, clipped_sum)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        mask = trees.resolve_trainable_mask(params, self.trainable)
+        updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u), updates, mask)
+        return optax.apply_updates(params, updates), opt_state
+
+    def update(self, state: DPState, params: PyTree, opt_state: PyTree,
+               batch: clipping.Batch, mask: jax.Array
+               ) -> tuple[PyTree, PyTree, DPState, dict[str, jax.Array]]:
+        """One jitted call on a physical batch (see module docstring).
+
+        Args:
+          state: `DPState`.
+          params: parameter pytree (float32).
+          opt_state: the optimizer's state.
+          batch: dict of arrays [B, ...] (one physical batch).
+          mask: bool [B], False for padding slots.
+
+        Returns:
+          (params, opt_state, state, metrics): params/opt_state updated only when
+          this call completes a logical batch; metrics are float32 [] batch totals
+          of the loss's metric sums plus "num_nonfinite" (int32 []).
+        """
+        grad_sum, metrics, nonfinite = self.clipper.clipped_sum(
+            self.loss_fn, params, batch, mask, self.call_key(state))
+        metrics = dict(metrics, num_nonfinite=nonfinite)
+        if self.config.accumulation_steps == 1:
+            params, opt_state = self._apply(state, params, opt_state, grad_sum)
+            return params, opt_state, state.replace(step=state.step + 1), metrics
+
+        acc = jax.tree.map(jnp.add, state.grad_acc, grad_sum)
+        is_last = state.micro_step == self.config.accumulation_steps - 1
+
+        def apply_branch(operands):
+            p, o, a = operands
+            p, o = self._apply(state, p, o, a)
+            return p, o, jax.tree.map(jnp.zeros_like, a)
+
+        params, opt_state, acc = jax.lax.cond(
+            is_last, apply_branch, lambda operands: operands, (params, opt_state, acc))
+        state = state.replace(
+            grad_acc=acc,
+            micro_step=jnp.where(is_last, 0, state.micro_step + 1).astype(jnp.int32),
+            step=state.step + is_last.astype(jnp.int32))
+        return params, opt_state, state, metrics

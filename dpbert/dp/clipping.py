@@ -1,0 +1,234 @@
+"""Clipped sums of per-example gradients (DP-SGD Eq. 1 of Hoory et al. 2021).
+
+    g_i     = grad_params loss(params, example_i, rng_i)        (one example, float32)
+    clip(g) = g / max(1, ||g||_2 / C)                           (norm over the whole tree)
+    output  = sum_i mask_i * clip(g_i)                          (float32)
+
+The sum has L2 sensitivity C under adding or removing one example: this is the
+quantity the Gaussian noise is calibrated to, so nothing may happen between it
+and the noise (see `dpbert.dp.accumulation`).
+
+`GradientClipper` is the interface; `VmapClipper` computes per-example gradients
+with ``jax.vmap(jax.grad(...))`` in microbatches.  A ghost-clipping
+implementation can implement the same `clipped_sum` later.
+
+Microbatching and sharding.  ``microbatch_size`` is GLOBAL (all devices
+together).  A physical batch of B examples, sharded over the data axis in
+contiguous blocks, is viewed as ``[num_shards, microbatch_size / num_shards,
+n_chunks]`` (example r sits at ``(s, a, c)`` with ``r = (s * m/S + a) * n_chunks + c``),
+which keeps the shard axis on the shard that owns the rows; ``lax.scan`` runs
+over the ``n_chunks`` axis, so every iteration processes m/S examples on every
+shard, and memory is bounded by one chunk of per-example gradients.  Partial
+sums are kept per shard in the scan carry (``[num_shards, *param]``) and reduced
+once at the end, so the cross-shard reduction happens once per call, not once
+per microbatch.  No sharding constraint is placed inside the vmapped
+per-example loss.
+
+Per-example randomness (dropout): example r of a call gets
+``fold_in(key, r)``; keys are never shared between examples, and the result does
+not depend on the microbatch size.
+
+Non-finite per-example gradients (or losses / metrics) are replaced by zeros
+and counted; padding slots (mask False) contribute exactly zero.  Only batch
+totals leave this module, never a per-example value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from dpbert.dp import trees
+
+PyTree = Any
+Batch = dict[str, jax.Array]
+# loss_fn(params, example, rng) -> (loss f32 [], metrics dict[str, f32 []]); one
+# unbatched example.  Metrics must be per-example sums that are safe to add.
+LossFn = Callable[[PyTree, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+class GradientClipper(Protocol):
+    """Computes the clipped per-example gradient sum of a physical batch."""
+
+    def clipped_sum(self, loss_fn: LossFn, params: PyTree, batch: Batch,
+                    mask: jax.Array, key: jax.Array
+                    ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
+        """Returns (grad_sum, metric_sums, num_nonfinite).
+
+        Args:
+          loss_fn: per-example loss, see `LossFn`.
+          params: parameter pytree (float32 leaves).
+          batch: dict of arrays with leading batch axis [B, ...].
+          mask: bool [B]; False marks padding slots.
+          key: PRNG key of this call; example r uses fold_in(key, r).
+
+        Returns:
+          grad_sum: float32 pytree like params, sum of clipped per-example
+            gradients of the real examples (frozen leaves: zeros).
+          metric_sums: dict of float32 [] batch totals of the loss metrics.
+          num_nonfinite: int32 [], real examples whose gradient was zeroed because
+            it (or the loss / metrics) was not finite.
+        """
+        ...
+
+
+def global_norm(tree: PyTree) -> jax.Array:
+    """float32 [] L2 norm of all leaves of `tree` together."""
+    leaves = jax.tree.leaves(tree)
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+
+
+def clip_scale(norm: jax.Array, clip_norm: float) -> jax.Array:
+    """1 / max(1, norm / C): the factor that clips a gradient of this norm to C."""
+    return 1.0 / jnp.maximum(1.0, norm / clip_norm)
+
+
+def _check_clip_norm(clip_norm: float) -> None:
+    if not (isinstance(clip_norm, (int, float)) and clip_norm > 0) or math.isnan(clip_norm):
+        raise ValueError(f"clip_norm={clip_norm!r} must be > 0 (math.inf disables clipping)")
+
+
+@dataclasses.dataclass(frozen=True)
+class VmapClipper:
+    """`GradientClipper` with per-example gradients from vmap, in microbatches.
+
+    Attributes:
+      clip_norm: C > 0; ``math.inf`` disables clipping (testing only).
+      microbatch_size: GLOBAL number of examples per scan iteration (all shards
+        together); None = the whole physical batch at once.  Must divide the
+        physical batch size and be a multiple of `num_shards`.
+      num_shards: number of data shards the batch axis is split over (1 on a
+        single device).  Only used for the layout described in the module
+        docstring; results do not depend on it beyond float rounding.
+      trainable: trainable filter (see `dpbert.dp.trees.TrainableFilter`);
+        frozen leaves get no gradient, are excluded from the clipped norm, and
+        come out as zeros.
+    """
+
+    clip_norm: float
+    microbatch_size: int | None = None
+    num_shards: int = 1
+    trainable: trees.TrainableFilter = None
+
+    def __post_init__(self):
+        _check_clip_norm(self.clip_norm)
+        if self.microbatch_size is not None and (
+                not isinstance(self.microbatch_size, int) or self.microbatch_size < 1):
+            raise ValueError(f"microbatch_size={self.microbatch_size!r} must be a positive int")
+        if not isinstance(self.num_shards, int) or self.num_shards < 1:
+            raise ValueError(f"num_shards={self.num_shards!r} must be a positive int")
+
+    def layout(self, batch_size: int) -> tuple[int, int, int]:
+        """(num_shards S, examples per shard per iteration m/S, n_chunks) for B examples."""
+        m = batch_size if self.microbatch_size is None else self.microbatch_size
+        s = self.num_shards
+        if batch_size % m:
+            raise ValueError(f"microbatch_size={m} does not divide the physical batch size "
+                             f"{batch_size}")
+        if m % s:
+            raise ValueError(f"microbatch_size={m} (global) is not a multiple of "
+                             f"num_shards={s}; every shard must get the same number of "
+                             "examples per microbatch")
+        return s, m // s, batch_size // m
+
+    def per_example_clipped(self, loss_fn: LossFn, params: PyTree, batch: Batch,
+                            mask: jax.Array, key: jax.Array, positions: jax.Array
+                            ) -> tuple[list[jax.Array], dict[str, jax.Array], jax.Array]:
+        """Clipped gradients of a chunk, per example (internal; tests use it).
+
+        Args:
+          batch, mask, positions: one chunk, leading axis [k]; positions int32 [k]
+            are the examples' slots in the physical batch (for their RNG keys).
+
+        Returns:
+          clipped: list (trainable leaves in tree order) of float32 [k, *leaf].
+          metrics: dict of float32 [k] (zero where dropped).
+          nonfinite: bool [k], real examples dropped for non-finite values.
+        """
+        mask_tree = trees.resolve_trainable_mask(params, self.trainable)
+        leaves, treedef = jax.tree.flatten(params)
+        train_flags = jax.tree.leaves(mask_tree)
+        train_leaves = [x for x, t in zip(leaves, train_flags) if t]
+        frozen_leaves = [x for x, t in zip(leaves, train_flags) if not t]
+
+        def merge(train: list[jax.Array]) -> PyTree:
+            it_t, it_f = iter(train), iter(frozen_leaves)
+            return jax.tree.unflatten(
+                treedef, [next(it_t) if t else next(it_f) for t in train_flags])
+
+        def one(example: Batch, keep: jax.Array, position: jax.Array):
+            rng = jax.random.fold_in(key, position)
+
+            def f(train):
+                return loss_fn(merge(train), example, rng)
+
+            (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(train_leaves)
+            grads = [g.astype(jnp.float32) for g in grads]
+            norm = global_norm(grads)
+            finite = jnp.isfinite(norm) & jnp.isfinite(loss)
+            for v in metrics.values():
+                finite &= jnp.all(jnp.isfinite(v))
+            use = keep & finite
+            scale = clip_scale(norm, self.clip_norm)
+            # jnp.where, not a multiplication by 0: NaN * 0 is NaN.
+            clipped = [jnp.where(use, g * scale, 0.0) for g in grads]
+            metrics = {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0)
+                       for k, v in metrics.items()}
+            return clipped, metrics, keep & ~finite
+
+        return jax.vmap(one)(batch, mask, positions)
+
+    def clipped_sum(self, loss_fn: LossFn, params: PyTree, batch: Batch,
+                    mask: jax.Array, key: jax.Array
+                    ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
+        """See `GradientClipper.clipped_sum`."""
+        batch_size = mask.shape[0]
+        for name, x in batch.items():
+            if x.shape[:1] != (batch_size,):
+                raise ValueError(f"batch[{name!r}] has shape {x.shape}; expected leading "
+                                 f"axis {batch_size} (the mask's)")
+        s, per_shard, n_chunks = self.layout(batch_size)
+
+        def to_chunks(x: jax.Array) -> jax.Array:
+            # [B, ...] -> [S, m/S, n_chunks, ...] -> [n_chunks, S, m/S, ...]
+            return jnp.moveaxis(x.reshape((s, per_shard, n_chunks) + x.shape[1:]), 2, 0)
+
+        # Slot indices with the mask's sharding (replicated + sharded -> sharded), so
+        # that under Explicit mesh axes vmap sees identically sharded inputs.
+        positions = jnp.zeros_like(mask, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)
+        xs = jax.tree.map(to_chunks, (batch, mask.astype(bool), positions))
+
+        mask_tree = trees.resolve_trainable_mask(params, self.trainable)
+        train_flags = jax.tree.leaves(mask_tree)
+        leaves, treedef = jax.tree.flatten(params)
+
+        def chunk_sums(chunk):
+            c_batch, c_mask, c_pos = chunk
+            flat = lambda x: x.reshape((s * per_shard,) + x.shape[2:])  # noqa: E731
+            clipped, metrics, nonfinite = self.per_example_clipped(
+                loss_fn, params, jax.tree.map(flat, c_batch), flat(c_mask), key, flat(c_pos))
+            # Per-shard partial sums: [s * m/S, ...] -> [s, ...].
+            shard_sum = lambda x: x.reshape((s, per_shard) + x.shape[1:]).sum(1)  # noqa: E731
+            return ([shard_sum(g) for g in clipped],
+                    {k: shard_sum(v) for k, v in metrics.items()},
+                    shard_sum(nonfinite.astype(jnp.int32)))
+
+        # Zero carry with the right structure (metric names come from the loss).
+        carry_shape = jax.eval_shape(chunk_sums, jax.tree.map(lambda x: x[0], xs))
+        init = jax.tree.map(lambda sd: jnp.zeros(sd.shape, sd.dtype,
+                                                 out_sharding=getattr(sd, "sharding", None)),
+                            carry_shape)
+
+        def body(carry, chunk):
+            return jax.tree.map(jnp.add, carry, chunk_sums(chunk)), None
+
+        (g_parts, m_parts, nf_parts), _ = jax.lax.scan(body, init, xs)
+        g_iter = iter([g.sum(0) for g in g_parts])
+        grad_sum = jax.tree.unflatten(treedef, [
+            next(g_iter) if t else jnp.zeros_like(x, jnp.float32)
+            for x, t in zip(leaves, train_flags)])
+        return grad_sum, {k: v.sum(0) for k, v in m_parts.items()}, nf_parts.sum(0)

@@ -1,0 +1,209 @@
+"""Host-side batch sampling for DP-SGD (NumPy, no JAX).
+
+A *logical batch* is what one noise draw / optimizer update covers.  It is laid
+out in ``calls_per_batch`` fixed-size *physical batches* of
+``physical_batch_size`` slots each (one jitted call each), so jitted shapes never
+change.  Every call gets
+
+    indices: int64 [physical_batch_size]   example indices into the dataset
+    mask:    bool  [physical_batch_size]   False = padding slot (index 0, ignored)
+
+Samplers are stateless functions of (seed, call index): ``batch(call)`` is
+random access, so every host can run the same sampler with the same seed and
+load only its slice, and resuming from ``state_dict()`` reproduces the exact
+sequence.
+
+`PoissonSampler` (the default, and the one with a proven epsilon): each example
+enters a logical batch independently with probability
+q = expected_batch_size / num_examples.  A logical batch can hold at most
+``max_batch_size = calls_per_batch * physical_batch_size`` examples; a larger
+Poisson sample is cut to a uniformly random subset of that size.  This is
+exactly dp_accounting's `TruncatedSubsampledGaussianDpEvent`, which the report
+uses (`accounting.AccountingSpec(max_batch_size=...)`); pick the capacity with
+`capacity_for_overflow_probability` so that truncation practically never
+happens and the epsilon equals the untruncated one.
+
+`ShuffleSampler` (``sampling="shuffle"``): fixed-size batches from a fresh
+permutation each epoch.  Provided for comparison; its epsilon is NOT a proven
+bound (see `accounting.SHUFFLE_NOTE`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+from scipy import stats
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+    return int(value)
+
+
+def capacity_for_overflow_probability(num_examples: int, expected_batch_size: float,
+                                      overflow_probability: float = 1e-12) -> int:
+    """Smallest capacity M with P[Binomial(N, q) > M] <= overflow_probability.
+
+    With this maximum logical batch size, truncation happens in a given step with
+    probability at most `overflow_probability` (and is accounted for anyway).
+    """
+    num_examples = _check_int("num_examples", num_examples, 1)
+    q = expected_batch_size / num_examples
+    if not 0 < q <= 1:
+        raise ValueError(f"expected_batch_size / num_examples = {q} must be in (0, 1]")
+    if not 0 < overflow_probability < 1:
+        raise ValueError(f"overflow_probability={overflow_probability} must be in (0, 1)")
+    m = int(stats.binom.isf(overflow_probability, num_examples, q))
+    while stats.binom.sf(m, num_examples, q) > overflow_probability:
+        m += 1
+    return min(m, num_examples)
+
+
+class _Sampler:
+    """Shared layout logic: logical batch -> `calls_per_batch` padded physical batches."""
+
+    sampling: str = ""
+
+    def __init__(self, num_examples: int, physical_batch_size: int, calls_per_batch: int,
+                 seed: int):
+        self.num_examples = _check_int("num_examples", num_examples, 1)
+        self.physical_batch_size = _check_int("physical_batch_size", physical_batch_size, 1)
+        self.calls_per_batch = _check_int("calls_per_batch", calls_per_batch, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.call = 0  # Next physical call to serve.
+        self._cache: tuple[int, np.ndarray] | None = None
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.physical_batch_size * self.calls_per_batch
+
+    def logical_batch(self, step: int) -> np.ndarray:
+        """int64 [n] example indices of logical batch `step`, n <= max_batch_size."""
+        raise NotImplementedError
+
+    def batch(self, call: int) -> tuple[np.ndarray, np.ndarray]:
+        """(indices int64 [physical_batch_size], mask bool [physical_batch_size]) of a call.
+
+        Call c belongs to logical step c // calls_per_batch.  Real examples fill
+        the first slots of the logical batch; padding slots have index 0 and mask
+        False.
+        """
+        call = _check_int("call", call, 0)
+        step, part = divmod(call, self.calls_per_batch)
+        if self._cache is None or self._cache[0] != step:
+            members = self.logical_batch(step)
+            padded = np.zeros(self.max_batch_size, np.int64)
+            padded[:members.size] = members
+            mask = np.zeros(self.max_batch_size, bool)
+            mask[:members.size] = True
+            self._cache = (step, (padded, mask))
+        padded, mask = self._cache[1]
+        sl = slice(part * self.physical_batch_size, (part + 1) * self.physical_batch_size)
+        return padded[sl].copy(), mask[sl].copy()
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        return self
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+        out = self.batch(self.call)
+        self.call += 1
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"call": self.call, "seed": self.seed, "num_examples": self.num_examples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seed", "num_examples"):
+            if int(state[key]) != getattr(self, key):
+                raise ValueError(f"sampler checkpoint has {key}={state[key]} but this "
+                                 f"sampler has {key}={getattr(self, key)}")
+        self.call = _check_int("call", int(state["call"]), 0)
+
+
+class PoissonSampler(_Sampler):
+    """Poisson sampling with fixed-size padded physical batches (see module docstring).
+
+    Args:
+      num_examples: N, dataset size in privacy units.
+      expected_batch_size: q * N (the public expected logical batch size).
+      physical_batch_size: slots per jitted call (global, all devices).
+      calls_per_batch: jitted calls per logical batch (gradient accumulation).
+      seed: sampler seed; logical batch t uses np.random.default_rng([seed, t]).
+    """
+
+    sampling = "poisson"
+
+    def __init__(self, num_examples: int, expected_batch_size: float,
+                 physical_batch_size: int, calls_per_batch: int = 1, seed: int = 0):
+        super().__init__(num_examples, physical_batch_size, calls_per_batch, seed)
+        q = float(expected_batch_size) / self.num_examples
+        if not 0 < q <= 1:
+            raise ValueError(f"expected_batch_size={expected_batch_size} must be in "
+                             f"(0, num_examples={num_examples}]")
+        self.expected_batch_size = float(expected_batch_size)
+        self.q = q
+        if self.max_batch_size < expected_batch_size:
+            raise ValueError(
+                f"calls_per_batch * physical_batch_size = {self.max_batch_size} is below "
+                f"expected_batch_size={expected_batch_size}; most batches would be truncated")
+
+    @property
+    def truncation_probability(self) -> float:
+        """P[a logical batch is truncated] = P[Binomial(N, q) > max_batch_size]."""
+        return float(stats.binom.sf(self.max_batch_size, self.num_examples, self.q))
+
+    def logical_batch(self, step: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, _check_int("step", step, 0)])
+        size = rng.binomial(self.num_examples, self.q)
+        # Given its size, a Poisson sample is a uniform subset; a uniform subset of
+        # min(size, max) elements is exactly "Poisson, then keep a uniformly random
+        # subset of max_batch_size" (the accounted truncation).
+        size = min(size, self.max_batch_size)
+        return rng.choice(self.num_examples, size=size, replace=False).astype(np.int64)
+
+
+class ShuffleSampler(_Sampler):
+    """Fixed-size batches from shuffled epochs (NOT a proven DP sampling; see module doc).
+
+    Every logical batch has exactly calls_per_batch * physical_batch_size examples;
+    the last incomplete batch of each epoch is dropped.
+    """
+
+    sampling = "shuffle"
+
+    def __init__(self, num_examples: int, physical_batch_size: int,
+                 calls_per_batch: int = 1, seed: int = 0):
+        super().__init__(num_examples, physical_batch_size, calls_per_batch, seed)
+        if self.max_batch_size > self.num_examples:
+            raise ValueError(f"batch size {self.max_batch_size} exceeds num_examples="
+                             f"{self.num_examples}")
+        self.expected_batch_size = float(self.max_batch_size)
+        self.steps_per_epoch = self.num_examples // self.max_batch_size
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def logical_batch(self, step: int) -> np.ndarray:
+        epoch, index = divmod(_check_int("step", step, 0), self.steps_per_epoch)
+        if self._perm is None or self._perm[0] != epoch:
+            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(
+                self.num_examples).astype(np.int64))
+        b = self.max_batch_size
+        return self._perm[1][index * b:(index + 1) * b]
+
+
+def make_sampler(sampling: str, *, num_examples: int, expected_batch_size: float,
+                 physical_batch_size: int, calls_per_batch: int = 1,
+                 seed: int = 0) -> _Sampler:
+    """Builds the sampler named by `sampling` ("poisson" | "shuffle")."""
+    if sampling == "poisson":
+        return PoissonSampler(num_examples, expected_batch_size, physical_batch_size,
+                              calls_per_batch, seed)
+    if sampling == "shuffle":
+        if not math.isclose(expected_batch_size, physical_batch_size * calls_per_batch):
+            raise ValueError(
+                f"sampling='shuffle' needs expected_batch_size ({expected_batch_size}) == "
+                f"physical_batch_size * calls_per_batch ({physical_batch_size * calls_per_batch})")
+        return ShuffleSampler(num_examples, physical_batch_size, calls_per_batch, seed)
+    raise ValueError(f"sampling={sampling!r} is not one of ['poisson', 'shuffle']")

@@ -1,0 +1,100 @@
+"""Parameter-tree helpers shared by the DP engine and the optimizers.
+
+Parameters are any JAX pytree; for Flax NNX models this is the `nnx.State` from
+``graphdef, params = nnx.split(model)``, whose leaf paths look like
+``('bert', 'encoder', 'layer', 0, 'attention', 'query', 'kernel')`` once the
+trailing ``.value`` attribute of each `nnx.Param` is dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import jax
+
+PyTree = Any
+# A trainable filter: None (everything trainable), a pytree of bools with the
+# structure of the params (True = trainable), or a predicate
+# (path_names: tuple[str, ...], leaf) -> bool.
+TrainableFilter = Union[None, PyTree, Callable[[tuple[str, ...], Any], bool]]
+
+
+def explicit_sharding(x: Any) -> jax.sharding.NamedSharding | None:
+    """The sharding in `x`'s type on a mesh with Explicit axes, else None.
+
+    Under Explicit mesh axes (the `jax.make_mesh` default) shardings are part of
+    array types, so arrays created inside the engine (zeros, noise) must be given
+    the sharding of the arrays they combine with; under Auto axes XLA propagates
+    shardings itself and None is returned.
+    """
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and any(
+            t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
+        return sharding
+    return None
+
+
+def path_names(path: tuple[Any, ...]) -> tuple[str, ...]:
+    """Readable names of a `jax.tree_util` key path, without NNX's trailing 'value'."""
+    names = []
+    for key in path:
+        if isinstance(key, jax.tree_util.DictKey):
+            names.append(str(key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            names.append(key.name)
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            names.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            names.append(str(key.key))
+        else:
+            names.append(str(key))
+    if names and names[-1] == "value":
+        names.pop()
+    return tuple(names)
+
+
+def path_string(path: tuple[Any, ...]) -> str:
+    """'bert/encoder/layer/0/attention/query/kernel' for a key path."""
+    return "/".join(path_names(path))
+
+
+def resolve_trainable_mask(params: PyTree, trainable: TrainableFilter) -> PyTree:
+    """A pytree of Python bools with the structure of `params` (True = trainable).
+
+    Raises:
+      ValueError: if a mask pytree does not match the structure of `params`, or if
+        nothing is trainable.
+    """
+    if trainable is None:
+        mask = jax.tree.map(lambda _: True, params)
+    elif callable(trainable) and not isinstance(trainable, (dict, list, tuple)):
+        mask = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: bool(trainable(path_names(path), leaf)), params)
+    else:
+        p_def = jax.tree.structure(params)
+        m_leaves, m_def = jax.tree.flatten(trainable)
+        if m_def.num_leaves != p_def.num_leaves:
+            raise ValueError(
+                f"trainable mask has {m_def.num_leaves} leaves but params have "
+                f"{p_def.num_leaves}; pass a pytree of bools with the params' structure "
+                "or a predicate (path_names, leaf) -> bool")
+        mask = jax.tree.unflatten(p_def, [bool(x) for x in m_leaves])
+    if not any(jax.tree.leaves(mask)):
+        raise ValueError("the trainable filter freezes every parameter")
+    return mask
+
+
+def freeze_paths_containing(*names: str) -> Callable[[tuple[str, ...], Any], bool]:
+    """Predicate making trainable every leaf whose path names contain none of `names`.
+
+    Example: ``freeze_paths_containing("word_embeddings")`` freezes the word
+    embedding (dχ privacy-adaptive pretraining).
+    """
+    if not names:
+        raise ValueError("freeze_paths_containing needs at least one name")
+
+    def predicate(path: tuple[str, ...], leaf: Any) -> bool:
+        del leaf
+        return not any(name in path for name in names)
+
+    return predicate
