@@ -173,7 +173,7 @@ def _split_block(block: str) -> list[str]:
             before = block[start:m.start() - len(word)].strip()
             if not before or before.endswith(":"):
                 continue
-        if not (nxt.isupper() or nxt.isdigit() or nxt in "_([\"'"):
+        if not (nxt.isupper() or nxt.isdigit() or nxt in "_#([\"'"):
             continue
         # Dotted ("p.o.") and unit abbreviations end a sentence only before a capital letter.
         if block[m.start()] == "." and (_DOTTED_ABBREVIATION.match(word)
