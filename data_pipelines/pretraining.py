@@ -86,12 +86,15 @@ class TokenizedCorpus:
       doc_offsets: int64 [num_documents + 1]; document d is sentences
         ``doc_offsets[d]:doc_offsets[d + 1]`` (never empty).
       subject_ids: int64 [num_documents], the document's SUBJECT_ID or ``NO_SUBJECT``.
+      doc_keys: int64 [num_documents], the document's key in its source (ROW_ID for notes, the
+        document's ordinal in the stream for text corpora).
     """
 
     tokens: np.ndarray
     sentence_offsets: np.ndarray
     doc_offsets: np.ndarray
     subject_ids: np.ndarray
+    doc_keys: np.ndarray
 
     @property
     def num_documents(self) -> int:
@@ -108,7 +111,7 @@ class TokenizedCorpus:
             s0, s1 = self.doc_offsets[d], self.doc_offsets[d + 1]
             builder.add_document(
                 [self.tokens[self.sentence_offsets[j]:self.sentence_offsets[j + 1]]
-                 for j in range(s0, s1)], int(self.subject_ids[d]))
+                 for j in range(s0, s1)], int(self.subject_ids[d]), int(self.doc_keys[d]))
         return builder.build()
 
 
@@ -120,8 +123,10 @@ class _CorpusBuilder:
         self._sentence_lengths: list[int] = []
         self._doc_lengths: list[int] = []
         self._subjects: list[int] = []
+        self._keys: list[int] = []
 
-    def add_document(self, sentences: Sequence[np.ndarray], subject_id: int) -> bool:
+    def add_document(self, sentences: Sequence[np.ndarray], subject_id: int,
+                     doc_key: int) -> bool:
         """Adds a document, skipping empty sentences; returns False when nothing was left."""
         kept = [s for s in sentences if len(s)]
         if not kept:
@@ -130,6 +135,7 @@ class _CorpusBuilder:
         self._sentence_lengths.extend(len(s) for s in kept)
         self._doc_lengths.append(len(kept))
         self._subjects.append(int(subject_id))
+        self._keys.append(int(doc_key))
         return True
 
     def build(self) -> TokenizedCorpus:
@@ -140,18 +146,39 @@ class _CorpusBuilder:
             sentence_offsets=np.concatenate([[0], np.cumsum(self._sentence_lengths)]).astype(
                 np.int64),
             doc_offsets=np.concatenate([[0], np.cumsum(self._doc_lengths)]).astype(np.int64),
-            subject_ids=np.asarray(self._subjects, dtype=np.int64))
+            subject_ids=np.asarray(self._subjects, dtype=np.int64),
+            doc_keys=np.asarray(self._keys, dtype=np.int64))
 
 
-def tokenize_documents(documents: Iterable[Any], tokenizer: tokenization.WordPieceTokenizer, *,
-                       chunk_documents: int = 512, progress: bool = True,
-                       desc: str = "tokenizing") -> TokenizedCorpus:
-    """Tokenizes documents (objects with ``.sentences: list[str]`` and ``.subject_id: int``).
+def heldout_draw(seed: int, key: int) -> float:
+    """A uniform number in [0, 1) that is a pure function of (seed, key).
 
-    Sentences that tokenize to nothing and documents left without sentences are dropped (BERT
-    drops empty documents too). Tokenization runs in batches in Rust (multi-threaded).
+    The held-out split puts a document (or a subject) in the eval set when its draw is below
+    ``eval_fraction``: deterministic, streaming (no document list needed), and stable when the
+    corpus grows.
     """
-    builder = _CorpusBuilder()
+    digest = hashlib.sha256(f"heldout:{seed}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2.0**64
+
+
+def tokenize_and_split(documents: Iterable[Any], tokenizer: tokenization.WordPieceTokenizer, *,
+                       is_eval: Callable[[Any], bool] | None = None,
+                       chunk_documents: int = 512, progress: bool = True,
+                       desc: str = "tokenizing") -> tuple[TokenizedCorpus, TokenizedCorpus]:
+    """Tokenizes documents into a training and a held-out corpus, streaming.
+
+    Args:
+      documents: objects with ``.sentences: list[str]``, ``.subject_id: int`` and
+        ``.key: int`` (``documents.Document``).
+      tokenizer: the WordPiece tokenizer.
+      is_eval: document -> True when it belongs to the held-out set (None: nothing held out).
+
+    Returns:
+      (train, eval) corpora. Sentences that tokenize to nothing and documents left without
+      sentences are dropped (BERT drops empty documents too). Tokenization runs in batches in
+      Rust (multi-threaded).
+    """
+    builders = (_CorpusBuilder(), _CorpusBuilder())
     pending: list[Any] = []
 
     def flush() -> None:
@@ -160,7 +187,8 @@ def tokenize_documents(documents: Iterable[Any], tokenizer: tokenization.WordPie
         k = 0
         for doc in pending:
             n = len(doc.sentences)
-            builder.add_document(ids[k:k + n], getattr(doc, "subject_id", NO_SUBJECT))
+            target = builders[1] if is_eval is not None and is_eval(doc) else builders[0]
+            target.add_document(ids[k:k + n], doc.subject_id, doc.key)
             k += n
         pending.clear()
 
@@ -171,7 +199,13 @@ def tokenize_documents(documents: Iterable[Any], tokenizer: tokenization.WordPie
             flush()
     if pending:
         flush()
-    return builder.build()
+    return builders[0].build(), builders[1].build()
+
+
+def tokenize_documents(documents: Iterable[Any], tokenizer: tokenization.WordPieceTokenizer,
+                       **kwargs: Any) -> TokenizedCorpus:
+    """Tokenizes documents into one corpus (see ``tokenize_and_split``)."""
+    return tokenize_and_split(documents, tokenizer, is_eval=None, **kwargs)[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -810,3 +844,406 @@ def iterate_eval(dataset: PretrainingDataset, *, global_batch_size: int, host_in
         valid = positions < n
         indices = np.where(valid, positions, 0)
         yield dataset.get_batch(indices, step=step), valid
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration and the factory
+# --------------------------------------------------------------------------------------------
+
+CORPUS_KINDS = ("text", "noteevents", "synthetic", "tfds")
+
+
+def default_data_config() -> ml_collections.ConfigDict:
+    """Defaults of the ``data`` section of an experiment config (every field commented)."""
+    c = ml_collections.ConfigDict()
+    # Which corpus: "text" (BERT text files), "noteevents" (MIMIC-III NOTEEVENTS.csv(.gz)),
+    # "synthetic" (generated clinical notes, no files needed) or "tfds" (prepared TFDS datasets).
+    c.corpus = "synthetic"
+    # Input files. text: one or more files, one sentence per line, blank line between documents
+    # (.gz allowed). noteevents: one NOTEEVENTS.csv or NOTEEVENTS.csv.gz.
+    c.paths = ()
+    # noteevents / tfds mimic_noteevents: keep only notes of these CATEGORY values, e.g.
+    # ("Discharge summary",); () keeps all.
+    c.noteevents_categories = ()
+    # synthetic: number of generated notes and their seed.
+    c.synthetic_num_notes = 2000
+    c.synthetic_seed = 0
+    # tfds: dataset names read with tfds.data_source (must be prepared; nothing downloads),
+    # e.g. ("wikipedia/20230601.en", "bookcorpus") or ("mimic_noteevents",).
+    c.tfds_names = ("wikipedia/20230601.en",)
+    # tfds: data directory ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets) and split.
+    c.tfds_data_dir = ""
+    c.tfds_split = "train"
+    # tfds: name of the text feature.
+    c.tfds_text_key = "text"
+    # tfds: datasets whose examples are single sentences (e.g. a sentence-level BookCorpus);
+    # tfds_sentences_per_document consecutive sentences of them form one document.
+    c.tfds_sentence_datasets = ()
+    c.tfds_sentences_per_document = 256
+    # Use at most this many documents per source (0 = all); for quick runs.
+    c.max_documents = 0
+    # Sentences longer than this many characters are cut at whitespace (pasted tables).
+    c.max_sentence_chars = 1000
+    # Sequence length S of every example ([CLS] A [SEP] B [SEP] + padding).
+    c.max_seq_length = 128
+    # P: the maximum number of masked positions per example.
+    c.max_predictions_per_seq = 20
+    # Fraction of tokens masked (BERT: 0.15), then 80 % [MASK] / 10 % random / 10 % unchanged.
+    c.masked_lm_prob = 0.15
+    # Probability that a document's target length is drawn shorter (BERT: 0.1).
+    c.short_seq_prob = 0.1
+    # Number of instance-creation passes over the corpus (different segmentations). Each pass
+    # adds examples containing the same text: with example-level DP a sentence then appears in
+    # up to dupe_factor examples (group privacy). 1 is right for DP; BERT used 10 offline.
+    c.dupe_factor = 1
+    # Mask whole words (all ## pieces of a word together).
+    c.whole_word_masking = False
+    # Lower-case (and strip accents) before WordPiece; must match the vocab (uncased: True).
+    c.do_lower_case = True
+    # Fraction of documents held out for evaluation (0 = no eval set).
+    c.eval_fraction = 0.01
+    # Hold out whole "document"s, or whole "subject"s (patients: all their notes; needs
+    # SUBJECT_IDs, i.e. noteevents / synthetic / mimic_noteevents).
+    c.eval_split_unit = "document"
+    # Seed of the held-out split, instance creation and masking.
+    c.seed = 12345
+    # Directory for the cache of created instances ("" = no cache: rebuilt in memory each run).
+    # Entries are keyed by a fingerprint of (corpus files, vocab, parameters).
+    c.cache_dir = ""
+    # Secret-sharer canaries planted in the TRAINING documents (Hoory et al. Sec. 5.2).
+    c.canaries = ml_collections.ConfigDict()
+    c.canaries.enabled = False
+    # Forms: H = generic word, S = secret word piece drawn from the vocab.
+    c.canaries.forms = ("HS", "HSH", "HHSHH")
+    # Each canary is planted this many times; one (or per_setting) canary per (form, count).
+    c.canaries.repetitions = (1, 10, 100)
+    c.canaries.per_setting = 1
+    # Seed of the secrets and of the planting positions.
+    c.canaries.seed = 0
+    # Where to write the canary JSON record ("" = canaries.json in the cache entry; one of the
+    # two is required).
+    c.canaries.output_file = ""
+    # Batches prepared ahead of the trainer by background threads.
+    c.prefetch = 2
+    return c
+
+
+def _check_config(cfg: ml_collections.ConfigDict) -> None:
+    """One clear error per bad field (names the key and the value)."""
+    def bad(key: str, why: str) -> ValueError:
+        return ValueError(f"data.{key}={cfg.get(key)!r}: {why}")
+
+    if cfg.corpus not in CORPUS_KINDS:
+        raise bad("corpus", f"must be one of {CORPUS_KINDS}")
+    if cfg.max_seq_length < 5:
+        raise bad("max_seq_length", "must be >= 5")
+    if not 0.0 < cfg.masked_lm_prob < 1.0:
+        raise bad("masked_lm_prob", "must be in (0, 1)")
+    if cfg.max_predictions_per_seq < 1:
+        raise bad("max_predictions_per_seq", "must be >= 1")
+    if cfg.max_predictions_per_seq > cfg.max_seq_length - 3:
+        raise bad("max_predictions_per_seq", f"must be <= max_seq_length - 3 = "
+                                             f"{cfg.max_seq_length - 3}")
+    if not 0.0 <= cfg.short_seq_prob <= 1.0:
+        raise bad("short_seq_prob", "must be in [0, 1]")
+    if cfg.dupe_factor < 1:
+        raise bad("dupe_factor", "must be >= 1")
+    if not 0.0 <= cfg.eval_fraction < 1.0:
+        raise bad("eval_fraction", "must be in [0, 1)")
+    if cfg.eval_split_unit not in ("document", "subject"):
+        raise bad("eval_split_unit", "must be 'document' or 'subject'")
+    if cfg.eval_split_unit == "subject" and cfg.corpus == "text":
+        raise bad("eval_split_unit", "plain-text corpora have no subjects; use 'document'")
+    if cfg.max_documents < 0:
+        raise bad("max_documents", "must be >= 0 (0 = all)")
+    if isinstance(cfg.paths, str):
+        raise bad("paths", "must be a tuple of paths, e.g. ('a.txt',)")
+    if cfg.corpus == "noteevents" and len(cfg.paths) != 1:
+        raise bad("paths", "noteevents needs exactly one NOTEEVENTS.csv(.gz) path")
+    if cfg.corpus == "synthetic" and cfg.synthetic_num_notes < 2:
+        raise bad("synthetic_num_notes", "must be >= 2")
+    if cfg.corpus == "tfds" and not cfg.tfds_names:
+        raise bad("tfds_names", "give at least one prepared TFDS dataset name")
+    if cfg.canaries.enabled and not (cfg.cache_dir or cfg.canaries.output_file):
+        raise ValueError("data.canaries.enabled=True needs data.canaries.output_file or "
+                         "data.cache_dir (where the canary record is written)")
+
+
+def _file_identity(path: str) -> dict[str, Any]:
+    """Cheap identity of a (possibly huge) file: path, size, mtime and hashes of its ends."""
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if st.st_size > 2 << 20:
+            f.seek(-(1 << 20), os.SEEK_END)
+            h.update(f.read(1 << 20))
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ends_sha256": h.hexdigest()}
+
+
+def _tfds_identity(cfg: ml_collections.ConfigDict) -> list[dict[str, Any]]:
+    from data_pipelines import tfds_data  # noqa: PLC0415 - TFDS import only when used
+
+    root = tfds_data._resolve_data_dir(cfg.tfds_data_dir or None)  # noqa: SLF001
+    out = []
+    for name in cfg.tfds_names:
+        folder = os.path.join(root, *name.replace(":", "/").split("/"))
+        files = []
+        if os.path.isdir(folder):
+            for dirpath, _, filenames in sorted(os.walk(folder)):
+                for fn in sorted(filenames):
+                    st = os.stat(os.path.join(dirpath, fn))
+                    files.append([os.path.relpath(os.path.join(dirpath, fn), folder),
+                                  st.st_size, st.st_mtime_ns])
+        out.append({"name": name, "root": root, "files": files})
+    return out
+
+
+def _corpus_spec(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """What identifies the corpus (part of the cache fingerprint); checks files exist."""
+    from data_pipelines import documents  # noqa: PLC0415
+
+    spec: dict[str, Any] = {"corpus": cfg.corpus, "max_documents": cfg.max_documents,
+                            "max_sentence_chars": cfg.max_sentence_chars}
+    if cfg.corpus == "text":
+        paths = documents.check_paths(list(cfg.paths), "text")
+        spec["files"] = [_file_identity(p) for p in paths]
+    elif cfg.corpus == "noteevents":
+        paths = documents.check_paths(list(cfg.paths), "noteevents")
+        spec["files"] = [_file_identity(p) for p in paths]
+        spec["categories"] = sorted(cfg.noteevents_categories)
+    elif cfg.corpus == "synthetic":
+        spec["synthetic"] = [cfg.synthetic_num_notes, cfg.synthetic_seed]
+    else:
+        spec["tfds"] = _tfds_identity(cfg)
+        spec["tfds_options"] = [cfg.tfds_split, cfg.tfds_text_key,
+                                sorted(cfg.tfds_sentence_datasets),
+                                cfg.tfds_sentences_per_document,
+                                sorted(cfg.noteevents_categories)]
+    return spec
+
+
+def _capped(docs: Iterable[Any], limit: int) -> Iterator[Any]:
+    for i, d in enumerate(docs):
+        if limit and i >= limit:
+            return
+        yield d
+
+
+def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any]:
+    """All documents of the configured corpus."""
+    from data_pipelines import corpora, documents  # noqa: PLC0415
+
+    limit = cfg.max_documents
+    if cfg.corpus == "text":
+        yield from _capped(documents.text_documents(list(cfg.paths), read_stats), limit)
+    elif cfg.corpus == "noteevents":
+        st = corpora.ReadStats()
+        read_stats.append(st)
+        yield from _capped(documents.noteevents_documents(
+            cfg.paths[0], categories=cfg.noteevents_categories,
+            max_sentence_chars=cfg.max_sentence_chars, stats=st), limit)
+    elif cfg.corpus == "synthetic":
+        yield from documents.synthetic_documents(cfg.synthetic_num_notes,
+                                                 seed=cfg.synthetic_seed,
+                                                 max_sentence_chars=cfg.max_sentence_chars)
+    else:
+        from data_pipelines import tfds_data  # noqa: PLC0415
+
+        key_base = 0
+        for name in cfg.tfds_names:
+            per_doc = (cfg.tfds_sentences_per_document if name in cfg.tfds_sentence_datasets
+                       else 0)
+            docs = tfds_data.tfds_documents(
+                name, split=cfg.tfds_split, data_dir=cfg.tfds_data_dir or None,
+                text_key=cfg.tfds_text_key, sentences_per_document=per_doc,
+                max_documents=limit, max_sentence_chars=cfg.max_sentence_chars)
+            if cfg.noteevents_categories and name == tfds_data.NOTEEVENTS_NAME:
+                _log.warning("noteevents_categories is not applied to TFDS sources")
+            last = -1
+            for d in docs:
+                # Keys must be unique across sources for the held-out split.
+                last = d.key
+                yield dataclasses.replace(d, key=key_base + d.key)
+            key_base += last + 1
+
+
+def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> str:
+    payload = {
+        "format": INSTANCES_FORMAT_VERSION,
+        "corpus": _corpus_spec(cfg),
+        "vocab_sha256": tokenization.vocab_fingerprint(vocab_file),
+        "do_lower_case": cfg.do_lower_case,
+        "max_seq_length": cfg.max_seq_length,
+        "short_seq_prob": cfg.short_seq_prob,
+        "dupe_factor": cfg.dupe_factor,
+        "eval": [cfg.eval_fraction, cfg.eval_split_unit],
+        "seed": cfg.seed,
+        "canaries": (cfg.canaries.to_dict() if cfg.canaries.enabled else None),
+    }
+    if payload["canaries"]:
+        payload["canaries"].pop("output_file", None)
+    blob = json.dumps(payload, sort_keys=True, default=list).encode()
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPieceTokenizer,
+                     ) -> tuple[Instances, Instances | None, dict[str, Any], list]:
+    """Reads, splits, tokenizes, plants canaries and creates instances (the offline stage)."""
+    read_stats: list = []
+    is_eval = None
+    if cfg.eval_fraction > 0:
+        by_subject = cfg.eval_split_unit == "subject"
+
+        def is_eval(doc: Any) -> bool:
+            if by_subject and doc.subject_id == NO_SUBJECT:
+                raise ValueError(f"eval_split_unit='subject' but document {doc.key} has no "
+                                 f"SUBJECT_ID")
+            key = doc.subject_id if by_subject else doc.key
+            return heldout_draw(cfg.seed, key) < cfg.eval_fraction
+
+    train_corpus, eval_corpus = tokenize_and_split(_documents(cfg, read_stats), tok,
+                                                   is_eval=is_eval)
+    info: dict[str, Any] = {
+        "read_stats": [s.summary() for s in read_stats],
+        "train_documents": train_corpus.num_documents,
+        "eval_documents": eval_corpus.num_documents,
+        "train_subjects": int(len(np.unique(train_corpus.subject_ids[
+            train_corpus.subject_ids != NO_SUBJECT]))),
+    }
+    if train_corpus.num_documents == 0:
+        raise ValueError(f"the {cfg.corpus} corpus yielded no training document with text "
+                         f"({'; '.join(info['read_stats']) or 'no reader statistics'})")
+    if cfg.eval_fraction > 0 and eval_corpus.num_documents == 0:
+        raise ValueError(f"data.eval_fraction={cfg.eval_fraction} held out no document of "
+                         f"{train_corpus.num_documents}: raise it, or set 0 for no eval set")
+    canary_list: list = []
+    if cfg.canaries.enabled:
+        from data_pipelines import canaries  # noqa: PLC0415
+
+        canary_list = canaries.make_canaries(
+            tok, forms=cfg.canaries.forms, repetitions=cfg.canaries.repetitions,
+            canaries_per_setting=cfg.canaries.per_setting, seed=cfg.canaries.seed)
+        train_corpus = canaries.insert_canaries(train_corpus, canary_list,
+                                                seed=cfg.canaries.seed)
+    params = InstanceParams(max_seq_length=cfg.max_seq_length,
+                            short_seq_prob=cfg.short_seq_prob,
+                            dupe_factor=cfg.dupe_factor, seed=cfg.seed)
+    train = create_instances(train_corpus, params)
+    eval_instances = None
+    if eval_corpus.num_documents:
+        eval_instances = create_instances(
+            eval_corpus, dataclasses.replace(params, dupe_factor=1, seed=cfg.seed + 1))
+    return train, eval_instances, info, canary_list
+
+
+def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.PathLike,
+                   ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
+    """Corpus -> (train, eval) ``PretrainingDataset``s, through the instance cache.
+
+    The offline stage (read, split held-out documents, tokenize, plant canaries, create
+    instances) runs once per fingerprint of (corpus files, vocab, parameters) and is saved under
+    ``cache_dir/<fingerprint>/``; later runs load it (memory-mapped). Every host computes the
+    same result, so hosts may share the cache directory or each build their own.
+
+    Args:
+      data_config: ``default_data_config()`` with overrides.
+      vocab_file: a BERT ``vocab.txt``.
+
+    Returns:
+      (train_ds, eval_ds); eval_ds is None when ``eval_fraction`` is 0. ``train_ds.metadata``
+      holds the fingerprint, document / example counts and the canary file path.
+
+    Raises:
+      ValueError: a bad config value (naming the key), or a corpus without text.
+      FileNotFoundError: a missing corpus file / vocab / unprepared TFDS dataset (naming it).
+    """
+    cfg = data_config
+    _check_config(cfg)
+    vocab_file = os.fspath(vocab_file)
+    tok = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=cfg.do_lower_case)
+    fingerprint = _instances_fingerprint(cfg, vocab_file)
+    entry = os.path.join(os.path.expanduser(cfg.cache_dir), fingerprint) if cfg.cache_dir else ""
+    meta_path = os.path.join(entry, "meta.json") if entry else ""
+    if entry and os.path.isfile(meta_path):
+        _log.info("loading pretraining instances from the cache %s", entry)
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+        train = Instances.load(os.path.join(entry, "train"))
+        eval_instances = (Instances.load(os.path.join(entry, "eval"))
+                          if meta["eval_examples"] else None)
+        canary_file = meta.get("canary_file", "")
+        if cfg.canaries.enabled and cfg.canaries.output_file and canary_file:
+            if os.path.abspath(cfg.canaries.output_file) != os.path.abspath(canary_file):
+                shutil.copyfile(canary_file, cfg.canaries.output_file)
+                canary_file = os.path.abspath(cfg.canaries.output_file)
+    else:
+        train, eval_instances, info, canary_list = _build_instances(cfg, tok)
+        meta = {
+            "fingerprint": fingerprint, "corpus": cfg.corpus, **info,
+            "train_examples": len(train),
+            "eval_examples": len(eval_instances) if eval_instances is not None else 0,
+            "train_tokens": int(len(train.tokens)),
+            "max_seq_length": cfg.max_seq_length, "dupe_factor": cfg.dupe_factor,
+            "privacy_unit_note": "one example = one instance ([CLS] A [SEP] B [SEP]); A and B "
+                                 "may come from different documents/subjects "
+                                 "(subject_id, b_subject_id)",
+        }
+        canary_file = ""
+        write_canaries = None
+        if canary_list:
+            from data_pipelines import canaries  # noqa: PLC0415
+
+            def write_canaries(target: str) -> None:
+                canaries.write_canary_file(target, canary_list, tok, seed=cfg.canaries.seed,
+                                           extra={"data_fingerprint": fingerprint})
+
+            meta["canaries"] = len(canary_list)
+            if cfg.canaries.output_file:
+                write_canaries(cfg.canaries.output_file)
+                canary_file = os.path.abspath(cfg.canaries.output_file)
+        if entry:
+            meta["canary_file"] = os.path.join(entry, "canaries.json") if canary_list else ""
+            _save_entry(entry, train, eval_instances, meta, write_canaries)
+            canary_file = canary_file or meta["canary_file"]
+    masking = MaskingParams(max_seq_length=cfg.max_seq_length,
+                            max_predictions_per_seq=cfg.max_predictions_per_seq,
+                            masked_lm_prob=cfg.masked_lm_prob,
+                            whole_word_masking=cfg.whole_word_masking)
+    common = dict(special=tok.special, vocab_size=tok.vocab_size,
+                  is_continuation=tok.is_continuation)
+    meta = {**meta, "canary_file": canary_file, "cache_entry": entry}
+    train_ds = PretrainingDataset(train, masking, seed=cfg.seed, metadata=meta, **common)
+    eval_ds = None
+    if eval_instances is not None:
+        eval_ds = PretrainingDataset(eval_instances, masking, seed=cfg.seed + 1,
+                                     metadata={**meta, "split": "eval"}, **common)
+    _log.info("pretraining data: %d train examples, %s eval examples (fingerprint %s)",
+              train_ds.num_examples, eval_ds.num_examples if eval_ds else 0, fingerprint)
+    return train_ds, eval_ds
+
+
+def _save_entry(entry: str, train: Instances, eval_instances: Instances | None,
+                meta: dict[str, Any], write_canaries: Callable[[str], None] | None) -> None:
+    """Writes a cache entry atomically (a temp folder renamed into place)."""
+    parent = os.path.dirname(entry)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
+    try:
+        train.save(os.path.join(tmp, "train"))
+        if eval_instances is not None:
+            eval_instances.save(os.path.join(tmp, "eval"))
+        if write_canaries is not None:
+            write_canaries(os.path.join(tmp, "canaries.json"))
+        with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=1)
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            # Another host/process finished the same entry first: identical content.
+            if not os.path.isfile(os.path.join(entry, "meta.json")):
+                raise
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
