@@ -11,7 +11,8 @@ What it copes with, and how:
   no end punctuation is a field/table row, not a wrapped sentence).
 * **Section headers** ("FINDINGS:", "IMPRESSION:", "History of Present Illness:") at the start of
   a line start a new block; a header alone on its line is attached to the first sentence that
-  follows it ("IMPRESSION: Minimally improved edema."), so it never becomes a one-word sentence.
+  follows it ("IMPRESSION: Minimally improved edema."), so it never becomes a one-word sentence
+  (only a header that ends the note stays alone).
 * **Title lines** ("FINAL REPORT", "PA AND LATERAL CHEST FILM, ___ AT ___"): all capitals, own
   sentence.
 * **Numbered and bulleted lists** ("1. ...", "2) ...", "- ...", "* ..."), on their own lines or
@@ -46,6 +47,8 @@ _OTHER_ABBREVIATIONS = frozenset({
     "ht", "neg", "pos", "cont", "disch", "adm", "abd", "ext", "max", "tab", "tabs", "cap", "caps",
 })
 
+# Words before a one-letter sex ("y/o M."): that period ends the sentence.
+_SEX_CONTEXT = frozenset({"y/o", "yo", "old", "year-old", "y.o.", "sex:"})
 # A section header at the start of a line: a short label followed by ':' and a space or the end.
 _HEADER = re.compile(r"^(?P<label>[A-Za-z][A-Za-z0-9 /&(),'#-]{0,58}?)\s*:(?=\s|$)\s*(?P<rest>.*)$")
 _HEADER_FUNCTION_WORDS = frozenset({"of", "and", "or", "the", "on", "at", "to", "for", "in", "with",
@@ -113,9 +116,8 @@ def _blocks(text: str) -> list[str]:
         m = _HEADER.match(line)
         if m and _is_header_label(m.group("label")):
             label = m.group("label").strip() + ":"
-            if pending_header:  # two headers in a row: the first one had no content
-                flush()
-                blocks.append(pending_header)
+            if pending_header:  # headers in a row ("FINDINGS:" then "PORTABLE CHEST:")
+                label = f"{pending_header} {label}"
                 pending_header = ""
             if m.group("rest"):
                 start(f"{label} {m.group('rest')}")
@@ -166,8 +168,9 @@ def _split_block(block: str) -> list[str]:
             continue  # "approx. three", "q.d. and"
         if lower in _TITLE_ABBREVIATIONS and block[m.start()] == ".":
             continue  # "Dr. Smith", "No. 5"
-        if len(word) == 1 and word.isupper() and block[m.start()] == ".":
-            continue  # initials: "J. Smith"
+        if (len(word) == 1 and word.isupper() and block[m.start()] == "." and nxt.isupper()
+                and _previous_word(block, m.start() - 2).lower() not in _SEX_CONTEXT):
+            continue  # initials: "J. Smith" (but "60 y/o M. He ..." ends a sentence)
         if word.isdigit() and len(word) <= 2 and block[m.start()] == ".":
             # "1. No pneumonia": an item number at the start of the sentence is no sentence end.
             before = block[start:m.start() - len(word)].strip()
