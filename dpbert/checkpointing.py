@@ -99,6 +99,12 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return out["state"], dict(out["meta"])
 
+    def restore_params(self, step: int) -> tuple[Any, dict[str, Any]]:
+        """Only the parameters (host arrays, whatever mesh wrote them) and the meta; for export."""
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        return jax.device_get(out["state"]["params"]), dict(out["meta"])
+
     def wait(self) -> None:
         self._manager.wait_until_finished()
 

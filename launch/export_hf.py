@@ -1,5 +1,9 @@
 r"""Exports a BERT to a Hugging Face folder that `transformers` loads.
 
+    python launch/export_hf.py --workdir=TRAINING_WORKDIR --out=DST [--step=S]
+
+exports a saved training step (default: the newest) with its privacy report in the model card;
+
     python launch/export_hf.py --from_hf=SRC_HF_FOLDER --out=DST
 
 round-trips a HF BERT folder through dpbert (load into the Flax model, write it back out).
@@ -10,6 +14,8 @@ from absl import app, flags
 from dpbert import hf
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Source Hugging Face BERT folder.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A dpbert training workdir.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
 _OUT = flags.DEFINE_string("out", None, "Destination folder (created if absent).")
 flags.mark_flag_as_required("out")
 
@@ -17,10 +23,16 @@ flags.mark_flag_as_required("out")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not _FROM_HF.value:
-        raise app.UsageError("give the source: --from_hf=DIR")
+    if bool(_FROM_HF.value) == bool(_WORKDIR.value):
+        raise app.UsageError("give exactly one source: --workdir=DIR or --from_hf=DIR")
+    if _STEP.value is not None and not _WORKDIR.value:
+        raise app.UsageError("--step applies to --workdir exports only")
     try:
-        out = hf.export_from_hf(_FROM_HF.value, _OUT.value)
+        if _WORKDIR.value:
+            from dpbert import train
+            out = train.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
+        else:
+            out = hf.export_from_hf(_FROM_HF.value, _OUT.value)
     except (hf.CheckpointError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"export_hf: {e}") from None
     print(f"wrote {out}")

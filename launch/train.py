@@ -1,0 +1,50 @@
+r"""Pretrains BERT with DP-SGD.
+
+    python launch/train.py --config=configs/demo_dp.py --workdir=/tmp/demo
+    python launch/train.py --config=configs/mimic_dp.py:size=base --workdir=gs://... \
+        --config.dp.noise_multiplier=1.2
+
+Rerunning the same command resumes from the newest checkpoint in --workdir. Off Cloud TPU, a
+multi-host run passes --coordinator_address, --num_processes and --process_id on every host.
+Everything else lives in the library: `dpbert.train.train_and_evaluate(config, workdir)`.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, reports.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None,
+                                   "host:port of process 0 (multi-host, off Cloud TPU).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (hosts).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    # Imported here so that --help is instant and XLA flags set by the caller apply.
+    from dpbert import sharding
+    from dpbert import train
+
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    logging.info("JAX: %d processes, %d devices (%s)", *_devices())
+    try:
+        train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except (train.ConfigError, FileNotFoundError, ValueError) as e:
+        # One clear message for bad input; nothing already written is touched.
+        raise SystemExit(f"train: {e}") from None
+
+
+def _devices():
+    import jax
+    return jax.process_count(), jax.device_count(), jax.default_backend()
+
+
+if __name__ == "__main__":
+    app.run(main)

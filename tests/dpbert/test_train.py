@@ -1,0 +1,300 @@
+"""The sharded DP training loop end to end: demo config, sharding/multi-host equivalence,
+kill-and-resume, SIGTERM, budget, bad configs, export."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import transformers
+
+from configs import demo_dp
+from dpbert import dp as dp_lib
+from dpbert import train
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """Shared instance cache and vocabulary so each run skips the offline stages."""
+    return tmp_path_factory.mktemp("train_cache")
+
+
+def small_config(cache_dir: pathlib.Path, **overrides):
+    """The demo config shrunk to seconds: 48 synthetic notes, seq 32, 4 steps."""
+    c = demo_dp.get_config()
+    c.data.synthetic_num_notes = 48
+    c.data.max_seq_length = 32
+    c.data.max_predictions_per_seq = 5
+    c.data.eval_fraction = 0.1
+    c.data.cache_dir = str(cache_dir / "instances")
+    c.vocab.size = 1000
+    c.model.max_position_embeddings = 32
+    c.batch.expected_batch_size = 16
+    c.batch.physical_batch_size = 16
+    c.batch.microbatch_size = 8
+    c.dp.noise_multiplier = 1.0
+    c.dp.target_epsilon = None
+    c.dp.delta = 1e-4
+    c.dp.overflow_probability = 1e-3
+    c.train.num_steps = 4
+    c.train.log_every = 2
+    c.train.eval_every = 2
+    c.train.eval_batches = 1
+    c.train.eval_batch_size = 16
+    c.optimizer.warmup_steps = 1
+    c.checkpoint.every_steps = 2
+    c.checkpoint.async_save = False
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def final_params(workdir: pathlib.Path, step: int | None = None):
+    mgr = ocp.CheckpointManager(workdir / "checkpoints")
+    step = mgr.latest_step() if step is None else step
+    out = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    mgr.close()
+    return jax.device_get(out["state"]["params"]), step
+
+
+def assert_trees(a, b, exact: bool, **tol):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        if exact:
+            np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_allclose(x, y, **tol)
+
+
+def run_cli(*args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def cli_train_args(workdir, cache_dir, extra=()):
+    """launch/train.py flags reproducing `small_config(cache_dir)`."""
+    c = small_config(cache_dir)
+    flat = {
+        "data.synthetic_num_notes": 48, "data.max_seq_length": 32,
+        "data.max_predictions_per_seq": 5, "data.eval_fraction": 0.1,
+        "data.cache_dir": c.data.cache_dir, "vocab.size": 1000,
+        "model.max_position_embeddings": 32, "batch.expected_batch_size": 16,
+        "batch.physical_batch_size": 16, "batch.microbatch_size": 8,
+        "dp.noise_multiplier": 1.0, "dp.target_epsilon": None, "dp.delta": 1e-4,
+        "dp.overflow_probability": 1e-3, "train.num_steps": 4, "train.log_every": 2,
+        "train.eval_every": 2, "train.eval_batches": 1, "train.eval_batch_size": 16,
+        "optimizer.warmup_steps": 1, "checkpoint.every_steps": 2,
+        "checkpoint.async_save": False}
+    args = [REPO / "launch" / "train.py", "--config=configs/demo_dp.py", f"--workdir={workdir}"]
+    args += [f"--config.{k}={v}" for k, v in flat.items()]
+    return args + list(extra)
+
+
+@pytest.mark.slow
+def test_demo_config_end_to_end(cache_dir, tmp_path):
+    workdir = tmp_path / "run"
+    report = train.train_and_evaluate(small_config(cache_dir), workdir)
+    saved = json.loads((workdir / "privacy_report.json").read_text())
+    for field in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
+                  "clip_norm", "sampling", "expected_batch_size", "num_examples", "steps",
+                  "accountant", "privacy_unit", "noise_mode"):
+        assert field in saved, field
+    assert saved == json.loads(json.dumps(report, default=str))
+    assert saved["steps"] == 4 and np.isfinite(saved["epsilon"]) and saved["epsilon"] > 0
+    assert saved["vocabulary"]["dp"] is True
+    # The reported epsilon is what launch/privacy.py says for the same parameters.
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "privacy.py"), "epsilon",
+         f"--num_examples={saved['num_examples']}", f"--batch_size=16",
+         f"--noise_multiplier=1.0", "--steps=4", f"--delta={saved['delta']}",
+         f"--max_batch_size={saved['max_batch_size']}", "--json"],
+        capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["epsilon"] == pytest.approx(saved["epsilon"], rel=1e-9)
+    # TensorBoard event files and the metric log.
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/mlm_accuracy" in l for l in lines)
+    assert any("eval/mlm_accuracy" in l for l in lines)
+    assert all("privacy/epsilon" in l for l in lines if "train/loss" in l)
+    # The Hugging Face export loads without missing or unexpected keys.
+    model, info = transformers.BertForPreTraining.from_pretrained(workdir / "hf",
+                                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    card = (workdir / "hf" / "README.md").read_text()
+    assert f"({saved['epsilon']}, {saved['delta']})-differential privacy" in card
+    # Exporting a saved step from the workdir gives the same weights.
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--workdir={workdir}",
+                   f"--out={tmp_path / 'exp2'}", "--step=2")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "differential privacy" in (tmp_path / "exp2" / "README.md").read_text()
+
+
+def test_noise_multiplier_changes_epsilon_as_the_accountant_says(cache_dir):
+    for sigma in (0.8, 1.6):
+        c = small_config(cache_dir, **{"dp.noise_multiplier": sigma, "train.num_steps": 50})
+        plan = train.make_plan(c, num_examples=1000, num_shards=8)
+        expected = dp_lib.compute_epsilon(
+            noise_multiplier=sigma, expected_batch_size=16, num_examples=1000, steps=50,
+            delta=1e-4, max_batch_size=plan.spec.max_batch_size)
+        assert plan.spec.epsilon(50) == pytest.approx(expected, rel=1e-12)
+    lo = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 1.6}), 1000, 8)
+    hi = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 0.8}), 1000, 8)
+    assert lo.spec.epsilon(50) < hi.spec.epsilon(50)
+
+
+def test_budget_stops_at_last_step_within_target(cache_dir):
+    c = small_config(cache_dir, **{"train.num_steps": 1000})
+    eps_at = lambda t: train.make_plan(c, 1000, 8).spec.epsilon(t)
+    target = (eps_at(300) + eps_at(301)) / 2
+    c.dp.target_epsilon = target
+    plan = train.make_plan(c, 1000, 8)
+    assert plan.num_steps == 300
+    assert plan.spec.epsilon(300) <= target < plan.spec.epsilon(301)
+
+
+def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
+    c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 3.0,
+                                   "train.num_steps": 200})
+    plan = train.make_plan(c, 1000, 8)
+    assert plan.num_steps == 200
+    assert plan.spec.epsilon(200) <= 3.0
+    assert plan.spec.epsilon(200) > 2.9  # calibrated, not merely safe
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"batch.physical_batch_size": 12, "batch.microbatch_size": None},
+     "physical_batch_size=12 is not divisible by the 8 devices"),
+    ({"dp.delta": 0.5}, r"dp.delta=0.5 must be < 1/N"),
+    ({"data.corpus": "text", "data.paths": ("/nonexistent/corpus.txt",),
+      "vocab.file": ""}, "nonexistent/corpus.txt"),
+    ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
+    ({"dp.clip_norm": 0.0}, "clip_norm"),
+])
+def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, match):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        train.train_and_evaluate(small_config(cache_dir, **overrides), tmp_path / "bad")
+
+
+def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
+    proc = run_cli(REPO / "launch" / "train.py", "--config=configs/demo_dp.py",
+                   f"--workdir={tmp_path}", "--config.dp.noise_multiplierr=2.0")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "noise_multiplierr" in out
+
+
+@pytest.mark.slow
+def test_incompatible_checkpoint_is_refused(cache_dir, tmp_path):
+    workdir = tmp_path / "run"
+    train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 2}), workdir)
+    with pytest.raises(train.checkpointing.IncompatibleCheckpointError,
+                       match=r"dp.clip_norm: checkpoint=1.0 config=2.0"):
+        train.train_and_evaluate(small_config(cache_dir, **{"dp.clip_norm": 2.0}), workdir)
+    # More steps is a compatible change: the run resumes and continues.
+    report = train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 4}), workdir)
+    assert report["steps"] == 4
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_device(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
+    train.train_and_evaluate(c, tmp_path / "one", devices=jax.devices()[:1])
+    train.train_and_evaluate(c, tmp_path / "eight")
+    c2 = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
+                                    "mesh.data": 4, "mesh.fsdp": 2})
+    train.train_and_evaluate(c2, tmp_path / "fsdp")
+    one, _ = final_params(tmp_path / "one")
+    eight, _ = final_params(tmp_path / "eight")
+    fsdp, _ = final_params(tmp_path / "fsdp")
+    assert_trees(one, eight, exact=False, rtol=2e-4, atol=2e-6)
+    assert_trees(one, fsdp, exact=False, rtol=2e-4, atol=2e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_equal_one_process_of_eight(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
+    train.train_and_evaluate(c, tmp_path / "single")
+    port = _free_port()
+    env_flags = "--xla_force_host_platform_device_count=4"
+    procs = []
+    for pid in range(2):
+        args = cli_train_args(tmp_path / "multi", cache_dir,
+                              ["--config.train.num_steps=3", "--config.train.export_hf=False",
+                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                               f"--process_id={pid}"])
+        env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=env_flags)
+        procs.append(subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    single, _ = final_params(tmp_path / "single")
+    multi, _ = final_params(tmp_path / "multi")
+    assert_trees(single, multi, exact=False, rtol=2e-4, atol=2e-6)
+
+
+def _wait_for_checkpoint(workdir: pathlib.Path, proc, min_step: int, timeout=300):
+    deadline = time.time() + timeout
+    ckpts = workdir / "checkpoints"
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stdout.read()[-3000:]}")
+        steps = [int(p.name) for p in ckpts.glob("[0-9]*")] if ckpts.is_dir() else []
+        if any(s >= min_step for s in steps) and not list(ckpts.glob("*tmp*")):
+            return
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint appeared in time")
+
+
+@pytest.mark.slow
+def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
+    steps = ["--config.train.num_steps=8", "--config.checkpoint.every_steps=3",
+             "--config.train.export_hf=False"]
+    c = small_config(cache_dir, **{"train.num_steps": 8, "checkpoint.every_steps": 3,
+                                   "train.export_hf": False})
+    train.train_and_evaluate(c, tmp_path / "straight")
+    resumed = tmp_path / "resumed"
+    # 1) kill -9 after the step-3 checkpoint is complete.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    _wait_for_checkpoint(resumed, proc, 3)
+    proc.kill()
+    proc.wait()
+    # 2) resume; SIGTERM after the step-6 checkpoint: saves the current step and exits 143.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    _wait_for_checkpoint(resumed, proc, 6)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 143), out[-3000:]
+    # 3) resume to the end.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    a, step_a = final_params(tmp_path / "straight")
+    b, step_b = final_params(resumed)
+    assert step_a == step_b == 8
+    assert_trees(a, b, exact=True)
