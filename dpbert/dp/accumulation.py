@@ -172,6 +172,15 @@ class DPAggregator:
         return DPState(grad_acc=acc, micro_step=jnp.zeros((), jnp.int32),
                        step=jnp.zeros((), jnp.int32), rng=jnp.asarray(rng, jnp.uint32))
 
+    def state_sharding(self, param_sharding: PyTree, replicated: Any) -> DPState:
+        """Shardings of a `DPState`: grad_acc like the params, the rest replicated.
+
+        Use them as jit in/out shardings so that the state keeps its layout from
+        call to call (no recompilation, no resharding).
+        """
+        acc = None if self.config.accumulation_steps == 1 else param_sharding
+        return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated)
+
     def example_key(self, state: DPState) -> jax.Array:
         """Key of the current logical batch's examples (example at position p:
         fold_in(., p), p = micro_step * physical_batch_size + slot)."""
