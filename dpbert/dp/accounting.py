@@ -37,6 +37,7 @@ calibration on a 10x finer grid (tests/dpbert/dp/test_accounting.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -288,6 +289,22 @@ def compute_epsilon(*, noise_multiplier: float, expected_batch_size: float,
 # Calibration
 # ----------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=32)
+def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
+                     max_batch_size: int | None, discretization: float
+                     ) -> pld_lib.PrivacyLossDistribution:
+    """dp_accounting's PLD of one step (cached: building it is the slow part for
+    truncated sampling, ~1 s, while searches over the number of steps reuse it)."""
+    if max_batch_size is not None and max_batch_size < num_examples:
+        return pld_lib.from_truncated_subsampled_gaussian_mechanism(
+            dataset_size=num_examples, sampling_probability=q,
+            truncated_batch_size=max_batch_size, noise_multiplier=sigma_eff,
+            value_discretization_interval=discretization)
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=sigma_eff, sampling_prob=q,
+        value_discretization_interval=discretization)
+
+
 def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
                       discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
     """PLD epsilon of `steps` steps, computed with dp_accounting's PLD objects.
@@ -301,15 +318,8 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     Dense single-step PLDs are composed exactly as the accountant does.  Every
     calibrated value is re-checked with the real accountant.
     """
-    if spec.max_batch_size is not None and spec.max_batch_size < spec.num_examples:
-        single = pld_lib.from_truncated_subsampled_gaussian_mechanism(
-            dataset_size=spec.num_examples, sampling_probability=spec.q,
-            truncated_batch_size=spec.max_batch_size, noise_multiplier=sigma_eff,
-            value_discretization_interval=discretization)
-    else:
-        single = pld_lib.from_gaussian_mechanism(
-            standard_deviation=sigma_eff, sampling_prob=spec.q,
-            value_discretization_interval=discretization)
+    single = _single_step_pld(sigma_eff, spec.q, spec.num_examples, spec.max_batch_size,
+                              discretization)
     # Private attribute, used only to pick the faster of two equivalent paths.
     sparse = isinstance(getattr(single, "_pmf_remove", None), pld_pmf.SparsePLDPmf)
     if sparse and steps > 64:

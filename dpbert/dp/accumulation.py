@@ -22,8 +22,9 @@ into calls and microbatches, because per-example RNG keys depend on the
 example's position and the noise key on the logical step only.
 
 Randomness is owned by the state (`DPState.rng`, a raw uint32[2] key):
-  example r of call c:   fold_in(fold_in(fold_in(rng, 0), c), r)   (dropout)
-  noise of step t, leaf i: fold_in(fold_in(fold_in(rng, 1), t), i)
+  example at position p of logical batch t: fold_in(fold_in(fold_in(rng, 0), t), p)
+      (dropout; p = micro_step * physical_batch_size + slot in the call)
+  noise of logical batch t, leaf i:         fold_in(fold_in(fold_in(rng, 1), t), i)
 so noise keys never repeat across steps or leaves and never equal a dropout key.
 
 Sharding: give `DPState.grad_acc` the params' sharding (it has their structure);
@@ -171,10 +172,19 @@ class DPAggregator:
         return DPState(grad_acc=acc, micro_step=jnp.zeros((), jnp.int32),
                        step=jnp.zeros((), jnp.int32), rng=jnp.asarray(rng, jnp.uint32))
 
-    def call_key(self, state: DPState) -> jax.Array:
-        """Key of the current call (per-example keys are fold_in(., position))."""
-        call = state.step * self.config.accumulation_steps + state.micro_step
-        return jax.random.fold_in(jax.random.fold_in(state.rng, _EXAMPLE_STREAM), call)
+    def state_sharding(self, param_sharding: PyTree, replicated: Any) -> DPState:
+        """Shardings of a `DPState`: grad_acc like the params, the rest replicated.
+
+        Use them as jit in/out shardings so that the state keeps its layout from
+        call to call (no recompilation, no resharding).
+        """
+        acc = None if self.config.accumulation_steps == 1 else param_sharding
+        return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated)
+
+    def example_key(self, state: DPState) -> jax.Array:
+        """Key of the current logical batch's examples (example at position p:
+        fold_in(., p), p = micro_step * physical_batch_size + slot)."""
+        return jax.random.fold_in(jax.random.fold_in(state.rng, _EXAMPLE_STREAM), state.step)
 
     def noise_key(self, state: DPState) -> jax.Array:
         """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
@@ -212,7 +222,8 @@ class DPAggregator:
           of the loss's metric sums plus "num_nonfinite" (int32 []).
         """
         grad_sum, metrics, nonfinite = self.clipper.clipped_sum(
-            self.loss_fn, params, batch, mask, self.call_key(state))
+            self.loss_fn, params, batch, mask, self.example_key(state),
+            first_position=state.micro_step * mask.shape[0])
         metrics = dict(metrics, num_nonfinite=nonfinite)
         if self.config.accumulation_steps == 1:
             params, opt_state = self._apply(state, params, opt_state, grad_sum)

@@ -24,9 +24,10 @@ once at the end, so the cross-shard reduction happens once per call, not once
 per microbatch.  No sharding constraint is placed inside the vmapped
 per-example loss.
 
-Per-example randomness (dropout): example r of a call gets
-``fold_in(key, r)``; keys are never shared between examples, and the result does
-not depend on the microbatch size.
+Per-example randomness (dropout): the example in slot r of a call gets
+``fold_in(key, first_position + r)`` (its position in the logical batch); keys
+are never shared between examples, and the result does not depend on the
+microbatch size or on how a logical batch is split into calls.
 
 Non-finite per-example gradients (or losses / metrics) are replaced by zeros
 and counted; padding slots (mask False) contribute exactly zero.  Only batch
@@ -55,7 +56,7 @@ class GradientClipper(Protocol):
     """Computes the clipped per-example gradient sum of a physical batch."""
 
     def clipped_sum(self, loss_fn: LossFn, params: PyTree, batch: Batch,
-                    mask: jax.Array, key: jax.Array
+                    mask: jax.Array, key: jax.Array, *, first_position: jax.Array | int = 0
                     ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
         """Returns (grad_sum, metric_sums, num_nonfinite).
 
@@ -64,7 +65,9 @@ class GradientClipper(Protocol):
           params: parameter pytree (float32 leaves).
           batch: dict of arrays with leading batch axis [B, ...].
           mask: bool [B]; False marks padding slots.
-          key: PRNG key of this call; example r uses fold_in(key, r).
+          key: PRNG key; the example in slot r uses fold_in(key, first_position + r).
+          first_position: int32 [] position of slot 0 in the logical batch (so keys
+            do not depend on how a logical batch is split into calls).
 
         Returns:
           grad_sum: float32 pytree like params, sum of clipped per-example
@@ -142,7 +145,7 @@ class VmapClipper:
 
         Args:
           batch, mask, positions: one chunk, leading axis [k]; positions int32 [k]
-            are the examples' slots in the physical batch (for their RNG keys).
+            are the examples' positions in the logical batch (RNG key fold_in(key, p)).
 
         Returns:
           clipped: list (trainable leaves in tree order) of float32 [k, *leaf].
@@ -183,7 +186,7 @@ class VmapClipper:
         return jax.vmap(one)(batch, mask, positions)
 
     def clipped_sum(self, loss_fn: LossFn, params: PyTree, batch: Batch,
-                    mask: jax.Array, key: jax.Array
+                    mask: jax.Array, key: jax.Array, *, first_position: jax.Array | int = 0
                     ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
         """See `GradientClipper.clipped_sum`."""
         batch_size = mask.shape[0]
@@ -199,7 +202,8 @@ class VmapClipper:
 
         # Slot indices with the mask's sharding (replicated + sharded -> sharded), so
         # that under Explicit mesh axes vmap sees identically sharded inputs.
-        positions = jnp.zeros_like(mask, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)
+        positions = (jnp.zeros_like(mask, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)
+                     + jnp.asarray(first_position, jnp.int32))
         xs = jax.tree.map(to_chunks, (batch, mask.astype(bool), positions))
 
         mask_tree = trees.resolve_trainable_mask(params, self.trainable)

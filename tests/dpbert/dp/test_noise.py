@@ -1,0 +1,135 @@
+"""Gaussian noise: exact std on 1 and 8 devices, per-shard mode, key uniqueness, dtype."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from scipy import stats
+
+from dpbert.dp import accumulation, noise, trees
+from tests.dpbert.dp import helpers
+
+SIGMA, C = 1.3, 0.7
+N = 48_000  # samples per KS test: D_crit(1e-3) ~ 0.009; 0.67x / 1.5x give D ~ 0.12 / 0.16
+E = 12.0  # expected batch size
+
+
+def _aggregator(**overrides):
+    kwargs = dict(clip_norm=C, noise_multiplier=SIGMA, expected_batch_size=E)
+    kwargs.update(overrides)
+    return accumulation.DPAggregator(accumulation.DPConfig(**kwargs), helpers.mlp_loss,
+                                     optax.sgd(1.0))
+
+
+def _noise(agg, zeros, steps=(0,)):
+    """The noise the aggregator adds at logical steps `steps`, on a zero clipped sum."""
+    state = agg.init(zeros, 0)
+    fn = jax.jit(lambda s, z: jax.tree.map(lambda g: g * E, agg.noisy_gradient(s, z)))
+    outs = [fn(state.replace(step=jnp.int32(t)), zeros) for t in steps]
+    return outs[0] if len(outs) == 1 else outs
+
+
+def _assert_std(x: np.ndarray, std: float):
+    x = np.asarray(x, np.float64).ravel()
+    assert stats.kstest(x, "norm", args=(0.0, std)).pvalue > 1e-3
+    assert stats.kstest(x, "norm", args=(0.0, 0.67 * std)).pvalue < 1e-12
+    assert stats.kstest(x, "norm", args=(0.0, 1.5 * std)).pvalue < 1e-12
+
+
+def test_ks_std_sigma_c_on_one_device():
+    zeros = {"w": jnp.zeros((N,), jnp.float32)}
+    x = _noise(_aggregator(), zeros)["w"]
+    assert x.dtype == jnp.float32
+    _assert_std(x, SIGMA * C)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_ks_std_sigma_c_on_8_devices_global_mode(axis_type):
+    """One global draw: same values as on one device, total std sigma*C (not sigma*C*sqrt(8))."""
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,))
+    zeros = {"w": jnp.zeros((8, N // 8), jnp.float32)}
+    agg = _aggregator(num_shards=8)
+    single = np.asarray(_noise(agg, zeros)["w"])
+    sharded_zeros = jax.device_put(zeros, NamedSharding(mesh, P("data")))
+    with jax.set_mesh(mesh):
+        out = _noise(agg, sharded_zeros)["w"]
+    assert len(out.sharding.device_set) == 8 and not out.sharding.is_fully_replicated
+    x = np.asarray(out)
+    # Same random bits as one device (the float transform may differ by an ulp).
+    np.testing.assert_allclose(x, single, rtol=1e-6, atol=1e-7)
+    _assert_std(x, SIGMA * C)
+    # Every shard drew different values (no key shared between devices).
+    for i, j in itertools.combinations(range(8), 2):
+        assert abs(np.corrcoef(x[i], x[j])[0, 1]) < 0.07
+        assert not np.any(x[i] == x[j])
+
+
+def test_per_shard_mode_std_is_sigma_c_sqrt_p():
+    zeros = {"w": jnp.zeros((N,), jnp.float32)}
+    agg = _aggregator(noise_mode="per_shard", num_shards=8)
+    assert agg.config.noise_stddev == pytest.approx(SIGMA * C * math.sqrt(8))
+    x = np.asarray(_noise(agg, zeros)["w"])
+    _assert_std(x, SIGMA * C * math.sqrt(8))
+    assert stats.kstest(x, "norm", args=(0.0, SIGMA * C)).pvalue < 1e-12
+
+
+def test_noise_never_repeats_across_steps_and_leaves():
+    zeros = {"a": jnp.zeros((5000,)), "b": jnp.zeros((5000,)), "c": jnp.zeros((50, 100))}
+    agg = _aggregator()
+    blocks = []
+    for out in _noise(agg, zeros, steps=range(4)):
+        blocks += [np.asarray(v).ravel() for v in jax.tree.leaves(out)]
+    for x, y in itertools.combinations(blocks, 2):
+        assert abs(np.corrcoef(x, y)[0, 1]) < 0.07  # ~5 sigma for n = 5000
+        assert np.mean(x == y) < 1e-3
+    # The keys themselves: noise keys differ across 1000 steps and from example keys.
+    state = agg.init(zeros, 0)
+    steps = jnp.arange(1000, dtype=jnp.int32)
+    keys = jax.jit(jax.vmap(lambda t: (agg.noise_key(state.replace(step=t)),
+                                       agg.example_key(state.replace(step=t)))))(steps)
+    noise_keys, example_keys = ({tuple(k) for k in np.asarray(ks)} for ks in keys)
+    assert len(noise_keys) == 1000 and len(example_keys) == 1000
+    assert not noise_keys & example_keys
+
+
+def test_noise_is_float32_on_the_float32_sum_only():
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(TypeError, match="float32"):
+        noise.add_noise({"w": jnp.zeros((4,), jnp.bfloat16)}, key, 1.0)
+    out = noise.add_noise({"w": jnp.ones((4,), jnp.float32)}, key, 0.5)
+    assert out["w"].dtype == jnp.float32
+    # sigma = 0: exactly the input.
+    x = {"w": jnp.arange(4.0)}
+    np.testing.assert_array_equal(noise.add_noise(x, key, 0.0)["w"], x["w"])
+
+
+def test_frozen_leaves_get_no_noise():
+    tree = {"frozen": jnp.zeros((100,)), "train": jnp.zeros((100,))}
+    out = noise.add_noise(tree, jax.random.PRNGKey(0), 1.0,
+                          trees.freeze_paths_containing("frozen"))
+    assert not np.any(np.asarray(out["frozen"]))
+    assert np.all(np.asarray(out["train"]) != 0)
+
+
+@pytest.mark.parametrize("args, match", [
+    ((1.0, -1.0), "noise_multiplier"),
+    ((1.0, math.inf), "noise_multiplier"),
+    ((0.0, 1.0), "clip_norm"),
+    ((math.inf, 1.0), "infinite"),
+    ((1.0, 1.0, "sharded"), "noise_mode"),
+    ((1.0, 1.0, "per_shard", 0), "num_shards"),
+])
+def test_noise_stddev_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        noise.noise_stddev(*args)
+
+
+def test_noise_stddev_values():
+    assert noise.noise_stddev(2.0, 1.5) == 3.0
+    assert noise.noise_stddev(2.0, 1.5, "per_shard", 4) == 6.0
+    assert noise.noise_stddev(math.inf, 0.0) == 0.0  # non-private test configuration
