@@ -76,7 +76,10 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta"),
+            item_handlers={"state": ocp.StandardCheckpointHandler(),
+                           "meta": ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -100,9 +103,15 @@ class Checkpointer:
         return out["state"], dict(out["meta"])
 
     def restore_params(self, step: int) -> tuple[Any, dict[str, Any]]:
-        """Only the parameters (host arrays, whatever mesh wrote them) and the meta; for export."""
+        """The parameters as host arrays and the meta, whatever mesh or how many processes
+        wrote the checkpoint (for export and comparisons)."""
+        tree = self._manager.item_metadata(step)["state"]
+        tree = getattr(tree, "tree", tree)
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abstract = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), tree)
         out = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
         return jax.device_get(out["state"]["params"]), dict(out["meta"])
 
     def wait(self) -> None:

@@ -51,8 +51,9 @@ def initialize_distributed(coordinator_address: str | None = None,
     if num_processes is None or num_processes <= 1:
         if coordinator_address is None:
             return
-    if jax.default_backend() == "cpu" or not jax.devices():
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # CPU processes need a collectives implementation (gloo); the setting only affects CPU
+    # devices, and must be made before the backend starts (so no jax.devices() here).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address,
                                num_processes=num_processes, process_id=process_id)
 
