@@ -379,16 +379,44 @@ def privatize_example(privatizer: Privatizer, example: Mapping[str, jax.Array], 
     return out
 
 
+def _explicit_batch_axis(x: jax.Array) -> tuple[Any, Any] | None:
+    """(abstract mesh, mesh axis of x's leading dim) when x is sharded over EXPLICIT mesh axes
+    along its batch dimension, else None (no mesh, auto axes, or a replicated batch)."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if not spec or spec[0] is None or sharding.mesh.empty:
+        return None
+    return sharding.mesh, spec[0]
+
+
+def _privatize_vmapped(privatizer: Privatizer, batch: Batch, key: jax.Array) -> Batch:
+    positions = jnp.arange(jnp.shape(batch["input_ids"])[0], dtype=jnp.uint32)
+    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, positions)
+    return jax.vmap(privatize_example, in_axes=(None, 0, 0))(privatizer, batch, keys)
+
+
 def privatize_batch(privatizer: Privatizer, batch: Mapping[str, jax.Array], key: jax.Array
                     ) -> Batch:
     """Privatizes a batch (leading axis B); example i uses `fold_in(key, i)`.
 
     `key` must be unique to this step and microbatch (`batch_key`). Jit-able; the privatizer is
-    an ordinary pytree argument.
+    an ordinary pytree argument. With the batch sharded over explicit mesh axes (jax's default
+    `make_mesh`), the computation runs with those axes as auto axes (the gathers from the
+    replicated table need no annotations) and the outputs are sharded along the batch like the
+    input; the result is the same as unsharded.
     """
-    num = jnp.shape(batch["input_ids"])[0]
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(num, dtype=jnp.uint32))
-    return jax.vmap(privatize_example, in_axes=(None, 0, 0))(privatizer, dict(batch), keys)
+    batch = dict(batch)
+    explicit = _explicit_batch_axis(batch["input_ids"])
+    if explicit is None:
+        return _privatize_vmapped(privatizer, batch, key)
+    mesh, axis = explicit
+    plain = {k: jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for k, v in batch.items()}
+    out_shapes = jax.eval_shape(_privatize_vmapped, privatizer, plain, key)
+    out_sharding = jax.tree.map(
+        lambda a: jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(axis, *([None] * (a.ndim - 1)))), out_shapes)
+    return jax.sharding.auto_axes(_privatize_vmapped, out_sharding=out_sharding)(
+        privatizer, batch, key)
 
 
 # ----------------------------------------------------------------------------- reading φ
