@@ -63,11 +63,29 @@ All other fields pass through. Padding prediction slots (weight 0, id [PAD]) sta
 
 The token embedding φ used here is a fixed copy; the model's own word-embedding table must be
 frozen during privacy-adaptive pretraining (see `dpbert.losses`, `frozen_word_embedding=True`).
+
+## Wiring (training loop)
+
+    privatizer = dchi.Privatizer.from_model(model, vocab_file, mechanism=cfg.dchi.mechanism,
+                                            eta=cfg.dchi.eta, mlm_target=cfg.mlm_target,
+                                            prob_samples=cfg.dchi.prob_samples)
+    frozen = cfg.dchi.mechanism != "none"
+    loss_fn = losses.make_pretraining_loss(graphdef, mlm_target=cfg.mlm_target,
+                                           frozen_word_embedding=frozen)
+    tx = optax.multi_transform({False: tx, True: optax.set_to_zero()},
+                               losses.frozen_parameter_mask(params, frozen))
+
+    @jax.jit   # privatizer is an argument, not a closure
+    def train_step(state, batch, privatizer, base_key):
+        batch = dchi.privatize_batch(privatizer, batch,
+                                     dchi.batch_key(base_key, state.step, microbatch))
+        ...   # per-example loss_fn as before; `word_embeddings` is picked up automatically
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import numbers
 import os
@@ -437,6 +455,17 @@ def load_embedding_table(path: str | os.PathLike) -> tuple[np.ndarray, list[str]
         raise FileNotFoundError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
     vocab = hf.read_vocab(folder / "vocab.txt")
     weights = next((folder / n for n in hf.WEIGHT_FILES if (folder / n).is_file()), None)
+    index_file = folder / "model.safetensors.index.json"
+    if weights is None and index_file.is_file():  # sharded checkpoint: open the right shard
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index_file}: not a safetensors index ({e})") from e
+        shard = next((weight_map[k] for k in _EMBEDDING_KEYS if k in weight_map), None)
+        if shard is None:
+            raise ValueError(f"{index_file}: no word-embedding tensor (looked for "
+                             f"{' or '.join(_EMBEDDING_KEYS)})")
+        weights = folder / shard
     if weights is None:
         raise FileNotFoundError(f"{folder}: no weights found (looked for "
                                 f"{', '.join(hf.WEIGHT_FILES)})")

@@ -364,6 +364,15 @@ def test_load_embedding_table_and_from_hf(tmp_path, clustered_table, prefix):
     assert int(np.asarray(priv.special).sum()) == len(SPECIALS)
 
 
+def test_load_embedding_table_from_a_sharded_checkpoint(tmp_path, clustered_table):
+    folder = write_fake_hf(tmp_path / "m", clustered_table, toy_vocab(203), "bert.")
+    (folder / "model.safetensors").rename(folder / "model-00002-of-00002.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "bert.embeddings.word_embeddings.weight": "model-00002-of-00002.safetensors",
+        "bert.pooler.dense.weight": "model-00001-of-00002.safetensors"}}))
+    np.testing.assert_array_equal(dchi.load_embedding_table(folder)[0], clustered_table)
+
+
 def test_load_embedding_table_errors(tmp_path, clustered_table):
     with pytest.raises(FileNotFoundError, match="not a directory"):
         dchi.load_embedding_table(tmp_path / "absent")
