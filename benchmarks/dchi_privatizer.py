@@ -119,7 +119,8 @@ def make_train_step(vocab_size: int):
         summed = jax.tree.map(lambda g: jnp.tensordot(scale, g, axes=1), grads)
         leaves, tree = jax.tree.flatten(summed)
         noise_keys = jax.random.split(k_noise, len(leaves))
-        noisy = [g + sigma * clip * jax.random.normal(k, g.shape) for g, k in zip(leaves, noise_keys)]
+        noisy = [g + sigma * clip * jax.random.normal(k, g.shape)
+                 for g, k in zip(leaves, noise_keys)]
         update = jax.tree.unflatten(tree, noisy)
         return jax.tree.map(lambda p, u: p - lr * u / batch["input_ids"].shape[0], params, update)
 
