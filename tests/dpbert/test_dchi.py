@@ -126,8 +126,11 @@ def test_m_txt_equals_brute_force_on_the_noisy_embeddings(toy_table):
     index = dchi.build_search_index(table, ~special, 37)
     ids = np.random.default_rng(1).integers(0, 203, size=(6, 50)).astype(np.int32)
     key, eta = jax.random.key(7), 4.0
-    got = np.asarray(jax.jit(dchi.m_txt)(key, ids, index, jnp.asarray(special), eta))
-    z = table[ids] + np.asarray(dchi.sample_noise(key, ids.shape, 8, eta))
+    # One program for both: every gamma-sampler compile costs seconds on a small CPU.
+    got, noise = map(np.asarray, jax.jit(lambda k: (
+        dchi.m_txt(k, ids, index, jnp.asarray(special), eta),
+        dchi.sample_noise(k, ids.shape, 8, eta)))(key))
+    z = table[ids] + noise
     want = np.where(special[ids], ids, brute_force_nn(z, table, ~special).reshape(ids.shape))
     np.testing.assert_array_equal(got, want)
     assert (got != ids).any() and (got == ids).any()
@@ -235,8 +238,8 @@ def test_text_to_text_fields_follow_privatize_then_mask(clustered_table):
     np.testing.assert_array_equal(out["masked_lm_ids"][:, 3], PAD)
     np.testing.assert_array_equal(out["prob_masked_lm_ids"][:, 3], PAD)
     assert (out["masked_lm_ids"][:, :3] != batch["masked_lm_ids"][:, :3]).any()
-    # The random replacement uses its own noise: at η=3 (noise ≈ 2.7, neighbours ≈ 3.3 apart)
-    # it agrees with the label only when both land on the same token by chance.
+    # The random replacement (a different token) uses its own noise, so it agrees with the
+    # label only when both draws land on the same token by chance.
     agree = (out["input_ids"][rows, pos[:, 2]] == out["masked_lm_ids"][:, 2]).mean()
     assert agree < 0.2
     # Untouched fields pass through.
