@@ -272,7 +272,8 @@ class Privatizer:
 
     Build with `Privatizer.create` / `.from_hf` / `.from_model`; call (inside jit) with
     `privatize_batch(privatizer, batch, key)`. Pass it to `jax.jit` as an argument rather than
-    closing over it, so the table is not baked into the program as a constant.
+    closing over it, so the table is not baked into the program as a constant. On a mesh,
+    replicate it once: `jax.device_put(privatizer, NamedSharding(mesh, PartitionSpec()))`.
 
     index:   `SearchIndex` over φ with the regular tokens as candidates (None for "none").
     special: bool [V], True = special token.

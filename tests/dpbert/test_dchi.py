@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from safetensors.numpy import save_file
 from scipy import stats
 
@@ -305,17 +305,20 @@ def test_each_example_is_privatized_afresh(clustered_table):
                               jax.random.key_data(dchi.batch_key(jax.random.key(0), 3, 1)))
 
 
-def test_privatizer_shards_along_the_batch(clustered_table):
-    """With the batch sharded over 8 devices (jax's default explicit mesh axes), the result is
-    sharded along the batch and equal to the single-device result."""
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
+def test_privatizer_shards_along_the_batch(clustered_table, axis_type):
+    """With the batch split over a (data, fsdp) mesh of 8 devices (auto axes as in
+    dpbert.sharding, or jax's default explicit axes), the result is sharded along the batch
+    and equal to the single-device result."""
     batch = make_batch(BATCH)
     priv, want = privatize(clustered_table, "text_to_text", batch, key=5)
-    mesh = jax.make_mesh((8,), ("data",))
-    sharded = {k: jax.device_put(v, NamedSharding(mesh, PartitionSpec("data")))
+    mesh = jax.make_mesh((4, 2), ("data", "fsdp"), axis_types=(axis_type,) * 2)
+    sharded = {k: jax.device_put(v, NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
                for k, v in batch.items()}
+    priv = jax.device_put(priv, NamedSharding(mesh, PartitionSpec()))
     with jax.set_mesh(mesh):
         got = PRIVATIZE(priv, sharded, jax.random.key(5))
-    assert got["input_ids"].sharding.spec[0] == "data"
+    assert got["input_ids"].sharding.spec[0] == ("data", "fsdp")
     for k, v in want.items():
         np.testing.assert_array_equal(np.asarray(got[k]), v, err_msg=k)
 
