@@ -118,7 +118,7 @@ def prepare_noteevents(noteevents: str | os.PathLike, data_dir: str | os.PathLik
                 name = _NOTEEVENTS_FILES[0] if path.endswith(".gz") else _NOTEEVENTS_FILES[1]
                 os.symlink(path, os.path.join(tmp, name))
         else:
-            raise corpora.CorpusError(f"corpus file not found: {path!r}")
+            raise documents.CorpusNotFoundError(f"NOTEEVENTS file not found: {path!r}")
         builder = MimicNoteevents(data_dir=os.fspath(data_dir), file_format="array_record")
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
