@@ -1,0 +1,381 @@
+"""Import from and export to Hugging Face `transformers` BERT folders.
+
+A HF BERT folder holds `config.json`, the weights (`model.safetensors`, or the older
+`pytorch_model.bin`), `vocab.txt` and `tokenizer_config.json`. dpbert's module tree mirrors HF's
+BERT names, so a parameter path maps to a PyTorch key mechanically:
+
+    bert/encoder/layer/3/attention/self/query/kernel  <->  bert.encoder.layer.3.attention.self.query.weight (transposed)
+    .../LayerNorm/scale <-> .../LayerNorm.weight          .../word_embeddings/embedding <-> ...weight
+
+PyTorch `nn.Linear` stores weights as [out, in]; Flax kernels are [in, out], hence the transpose.
+The MLM decoder is tied to the word embeddings and has no tensor of its own on our side; on
+export HF re-ties `cls.predictions.decoder.{weight,bias}` from `bert.embeddings.word_embeddings`
+and `cls.predictions.bias`, so they are not written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from dpbert import model as model_lib
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# Buffers some checkpoints carry that are not parameters.
+_IGNORED_SOURCE_KEYS = ("embeddings.position_ids",)
+# Source keys that the tied decoder makes redundant.
+_TIED_SOURCE_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# Parameter groups that may be absent from a source checkpoint (initialised fresh, with a warning).
+# A BertModel has no `cls.*`; a BertForMaskedLM has no pooler and no NSP head.
+_OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
+
+
+class CheckpointError(ValueError):
+    """A HF folder that cannot be read as BERT; the message names the file and the key."""
+
+
+# ----------------------------------------------------------------------------- names and layouts
+
+
+def _flat_params(model: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
+    """{path: Param variable} for every parameter of the model (paths of str components)."""
+    state = nnx.state(model, nnx.Param)
+    return {tuple(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
+
+
+def hf_key(path: tuple[str, ...]) -> str:
+    """The PyTorch state-dict key of a dpbert parameter path."""
+    *prefix, leaf = path
+    if leaf in ("kernel", "embedding", "scale"):
+        leaf = "weight"
+    return ".".join([*prefix, leaf])
+
+
+def _is_linear_kernel(path: tuple[str, ...]) -> bool:
+    return path[-1] == "kernel"
+
+
+def to_hf_tensor(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+    """dpbert layout -> PyTorch layout (Dense kernels [in, out] -> weights [out, in])."""
+    value = np.asarray(value, dtype=np.float32)
+    return np.ascontiguousarray(value.T) if _is_linear_kernel(path) else value
+
+
+def from_hf_tensor(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+    """PyTorch layout -> dpbert layout."""
+    value = np.asarray(value, dtype=np.float32)
+    return np.ascontiguousarray(value.T) if _is_linear_kernel(path) else value
+
+
+def _normalise_source_key(key: str) -> str:
+    """Brings the key spellings of older checkpoints to today's HF names."""
+    parts = key.split(".")
+    if parts[-1] == "gamma":
+        parts[-1] = "weight"
+    elif parts[-1] == "beta":
+        parts[-1] = "bias"
+    return ".".join(parts)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: Mapping[str, Any], source: str = "config.json",
+                   dtype: str = "float32") -> model_lib.BertConfig:
+    """Validates a HF config dict and turns it into a `BertConfig`."""
+    model_type = hf.get("model_type")
+    if model_type != "bert":
+        raise CheckpointError(
+            f"{source}: key 'model_type' is {model_type!r}; dpbert reads BERT checkpoints only "
+            "(model_type 'bert')")
+    act = hf.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise CheckpointError(
+            f"{source}: key 'hidden_act' is {act!r}; dpbert's BERT uses the exact erf GELU "
+            "('gelu') and would not reproduce this model")
+    pos = hf.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise CheckpointError(
+            f"{source}: key 'position_embedding_type' is {pos!r}; only 'absolute' is supported")
+    fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)} - {"dtype"}
+    kwargs = {}
+    for name in fields:
+        if name in hf and hf[name] is not None:
+            kwargs[name] = hf[name]
+    if "vocab_size" not in kwargs:
+        raise CheckpointError(f"{source}: key 'vocab_size' is missing")
+    try:
+        return model_lib.BertConfig(**kwargs, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def config_to_hf(config: model_lib.BertConfig) -> dict[str, Any]:
+    """The `config.json` transformers expects for `BertForPreTraining`."""
+    out = {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    for f in dataclasses.fields(config):
+        if f.name != "dtype":
+            out[f.name] = getattr(config, f.name)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading weights
+
+
+def _find_weights(folder: pathlib.Path) -> pathlib.Path:
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    if (folder / "model.safetensors.index.json").is_file():
+        return folder / "model.safetensors.index.json"
+    raise CheckpointError(
+        f"{folder}: no weights found (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def read_state_dict(weights: pathlib.Path) -> dict[str, np.ndarray]:
+    """Reads a safetensors file (or a sharded index) or a PyTorch pickle into NumPy arrays."""
+    if weights.name.endswith(".index.json"):
+        index = json.loads(weights.read_text())
+        out: dict[str, np.ndarray] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            out.update(read_state_dict(weights.parent / shard))
+        return out
+    if weights.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        try:
+            return load_file(str(weights))
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from e
+    try:
+        import torch
+    except ImportError as e:
+        raise CheckpointError(
+            f"{weights}: reading pytorch_model.bin needs PyTorch (pip install torch==2.13.0), "
+            "or convert the folder to model.safetensors") from e
+    sd = torch.load(str(weights), map_location="cpu", weights_only=True)
+    return {k: v.detach().to(torch.float32).numpy() for k, v in sd.items()}
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+                    ) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig]:
+    """Loads a HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining layouts).
+
+    Keys may carry the `bert.` prefix or not. Heads absent from the source (pooler, MLM head,
+    NSP head) are initialised fresh (seeded by `seed`) and named in a warning. Any missing
+    encoder weight, unexpected shape or malformed file is a `CheckpointError` naming the file and
+    the key.
+    """
+    folder = pathlib.Path(path)
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
+    config = config_from_hf(hf_config, str(config_file), dtype=dtype)
+    weights = _find_weights(folder)
+    source = {_normalise_source_key(k): v for k, v in read_state_dict(weights).items()}
+    # A BertModel checkpoint has no `bert.` prefix; the heads never do.
+    if not any(k.startswith("bert.") for k in source):
+        source = {(k if k.startswith("cls.") else "bert." + k): v for k, v in source.items()}
+
+    model = model_lib.create_model(config, seed=seed)
+    params = _flat_params(model)
+    missing = []
+    for p, var in params.items():
+        key = hf_key(p)
+        if key not in source:
+            if key.startswith(_OPTIONAL_PREFIXES):
+                missing.append(key)
+                continue
+            raise CheckpointError(f"{weights}: key {key!r} is missing (needed by the BERT encoder)")
+        value = from_hf_tensor(p, source.pop(key))
+        if value.shape != var.shape:
+            raise CheckpointError(
+                f"{weights}: key {key!r} has shape {tuple(source_shape(p, value))}, expected "
+                f"{tuple(source_shape(p, np.zeros(var.shape)))} for this config.json")
+        var.set_value(jnp.asarray(value))
+
+    decoder = source.pop("cls.predictions.decoder.weight", None)
+    if decoder is not None:
+        table = np.asarray(params[("bert", "embeddings", "word_embeddings", "embedding")][...])
+        if decoder.shape != table.shape or not np.allclose(decoder, table):
+            logger.warning("%s: cls.predictions.decoder.weight differs from the word embeddings; "
+                           "dpbert ties them and keeps the word embeddings", weights)
+    source.pop("cls.predictions.decoder.bias", None)  # HF ties it to cls.predictions.bias
+    unexpected = [k for k in source if not k.endswith(_IGNORED_SOURCE_KEYS)]
+    if missing:
+        logger.warning("%s: not in the source checkpoint, initialised fresh: %s", weights,
+                       ", ".join(missing))
+    if unexpected:
+        logger.warning("%s: ignored keys that BertForPreTraining does not have: %s", weights,
+                       ", ".join(sorted(unexpected)))
+    return model, config
+
+
+def source_shape(path: tuple[str, ...], value: np.ndarray) -> tuple[int, ...]:
+    """The shape a dpbert array has in the PyTorch layout (for error messages)."""
+    return tuple(reversed(value.shape)) if _is_linear_kernel(path) else tuple(value.shape)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The PyTorch-layout state dict (float32 NumPy), tied decoder not duplicated."""
+    return {hf_key(p): to_hf_tensor(p, np.asarray(jax.device_get(var[...])))
+            for p, var in _flat_params(model).items()}
+
+
+def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
+    path = pathlib.Path(vocab_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: vocab file not found")
+    tokens = path.read_text(encoding="utf-8").splitlines()
+    # BERT vocab files may end with a newline; blank lines inside are real (rare) entries only if
+    # followed by more tokens, so strip trailing blanks alone.
+    while tokens and not tokens[-1].strip():
+        tokens.pop()
+    return tokens
+
+
+def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any] | None,
+               source: str | None, num_params: int, do_lower_case: bool) -> str:
+    """A model card (README.md) whose privacy section states only what is true."""
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags:",
+        "- bert",
+        "- dpbert",
+        *(["- differential-privacy"] if privacy_report else []),
+        "---",
+        "",
+        "# BERT exported by dpbert",
+        "",
+        f"A `BertForPreTraining` model ({config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, {config.num_attention_heads} heads, vocabulary "
+        f"{config.vocab_size}, {num_params:,} parameters; "
+        f"{'uncased' if do_lower_case else 'cased'}) written by dpbert on "
+        f"{datetime.date.today().isoformat()}.",
+        "",
+        "```python",
+        "from transformers import BertForPreTraining, BertTokenizerFast",
+        'model = BertForPreTraining.from_pretrained("PATH")',
+        "```",
+        "",
+    ]
+    if source:
+        lines += [f"Weights were converted from `{source}`.", ""]
+    lines += ["## Privacy", ""]
+    if not privacy_report:
+        lines += [
+            "No differential-privacy guarantee is claimed for this model. It was exported by "
+            "dpbert without a DP training run attached, so it carries whatever the source "
+            "weights learned from their training data.",
+            "",
+        ]
+    else:
+        eps, delta = privacy_report.get("epsilon"), privacy_report.get("delta")
+        unit = privacy_report.get("privacy_unit", "example")
+        lines += [
+            f"Trained with DP-SGD: ({eps}, {delta})-differential privacy with respect to one "
+            f"{unit} of the training data, as computed by the `{privacy_report.get('accountant')}`"
+            " accountant of `dp_accounting`. The guarantee covers the training run that produced "
+            "these weights, not any earlier (e.g. public) pretraining they started from, and "
+            "it assumes the vocabulary was built without looking at the private data or with its "
+            "own DP guarantee.",
+            "",
+        ]
+        if privacy_report.get("proven_bound") is False:
+            lines += [f"**Caveat:** {privacy_report.get('note', 'the epsilon is not a proven bound.')}",
+                      ""]
+        lines += ["| field | value |", "|---|---|"]
+        lines += [f"| {k} | {json.dumps(v) if not isinstance(v, str) else v} |"
+                  for k, v in privacy_report.items()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike,
+                    vocab_file: str | os.PathLike, *, do_lower_case: bool = True,
+                    model_max_length: int | None = None,
+                    privacy_report: Mapping[str, Any] | None = None,
+                    source: str | None = None) -> pathlib.Path:
+    """Writes a HF BERT folder that `transformers.BertForPreTraining.from_pretrained` loads.
+
+    Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
+    card with a privacy section; `privacy_report` is the training's report when there is one).
+    All files are written to a temporary folder first and moved in at the end, so a failure
+    leaves an existing `path` as it was.
+    """
+    from safetensors.numpy import save_file
+
+    config: model_lib.BertConfig = model.config
+    vocab = read_vocab(vocab_file)
+    if len(vocab) != config.vocab_size:
+        raise ValueError(f"{vocab_file}: has {len(vocab)} tokens but the model's vocab_size is "
+                         f"{config.vocab_size}")
+    out = pathlib.Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = state_dict(model)
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": do_lower_case,
+        "model_max_length": model_max_length or config.max_position_embeddings,
+        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+        "cls_token": "[CLS]", "mask_token": "[MASK]",
+    }
+    card = model_card(config, privacy_report=privacy_report, source=source,
+                      num_params=model_lib.count_params(model), do_lower_case=do_lower_case)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as tmp:
+        tmp = pathlib.Path(tmp)
+        (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+    # A stale pytorch_model.bin would shadow nothing (safetensors wins) but confuses readers.
+    stale = out / "pytorch_model.bin"
+    if stale.exists():
+        stale.unlink()
+    return out
+
+
+def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike) -> pathlib.Path:
+    """Round-trips a HF BERT folder through dpbert (load, then save)."""
+    src = pathlib.Path(src)
+    model, _ = load_pretrained(src)
+    do_lower_case = True
+    tok_cfg = src / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        do_lower_case = bool(json.loads(tok_cfg.read_text()).get("do_lower_case", True))
+    vocab = src / "vocab.txt"
+    if not vocab.is_file():
+        raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
+    return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src))

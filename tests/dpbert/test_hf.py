@@ -1,0 +1,272 @@
+"""Hugging Face import/export: exact parity with transformers, real MiniLM weights, bad input."""
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import load_file, save_file
+
+from dpbert import hf
+from dpbert import model as model_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TOL = 1e-4
+
+
+def run_cli(*args):
+    """Runs a launch/ script with this checkout's packages first on the path."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, env=env)
+
+
+def tiny_hf_config(**kw):
+    fields = dict(vocab_size=211, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=512, max_position_embeddings=64)
+    fields.update(kw)
+    return transformers.BertConfig(**fields)
+
+
+def write_vocab(folder: pathlib.Path, n: int) -> pathlib.Path:
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    path = folder / "vocab.txt"
+    path.write_text("\n".join(special + [f"w{i}" for i in range(n - len(special))]) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def hf_folder(tmp_path_factory):
+    """A random-init transformers.BertForPreTraining saved as a HF folder."""
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(tiny_hf_config()).eval()
+    # Random non-zero biases/LayerNorm so the comparison exercises every tensor.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    folder = tmp_path_factory.mktemp("hf_src")
+    model.save_pretrained(folder)
+    write_vocab(folder, 211)
+    return folder, model
+
+
+def batch(seed=0, b=3, s=20):
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(5, 211, size=(b, s))
+    mask = np.ones_like(ids)
+    mask[1, 12:] = 0
+    mask[2, 5:] = 0
+    ids[mask == 0] = 0
+    seg = np.zeros_like(ids)
+    seg[:, 8:] = 1
+    seg[mask == 0] = 0
+    return ids, seg, mask
+
+
+def torch_forward(model, ids, seg, mask):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(seg),
+                     attention_mask=torch.tensor(mask), output_hidden_states=True)
+
+
+def test_import_matches_transformers(hf_folder):
+    folder, tmodel = hf_folder
+    model, config = hf.load_pretrained(folder)
+    assert config.hidden_size == 128 and config.vocab_size == 211
+    ids, seg, mask = batch()
+    ref = torch_forward(tmodel, ids, seg, mask)
+    out = model(jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(out.sequence_output)[real],
+                               ref.hidden_states[-1].numpy()[real], atol=TOL)
+    np.testing.assert_allclose(np.asarray(out.mlm_logits)[real],
+                               ref.prediction_logits.numpy()[real], atol=TOL)
+    np.testing.assert_allclose(out.nsp_logits, ref.seq_relationship_logits.numpy(), atol=TOL)
+
+
+def test_export_reloads_in_transformers(hf_folder, tmp_path):
+    folder, tmodel = hf_folder
+    model, _ = hf.load_pretrained(folder)
+    out_dir = hf.save_pretrained(model, tmp_path / "export", folder / "vocab.txt")
+    reloaded, info = transformers.BertForPreTraining.from_pretrained(
+        out_dir, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info["mismatched_keys"], info
+    ids, seg, mask = batch(1)
+    a = torch_forward(reloaded.eval(), ids, seg, mask)
+    b = torch_forward(tmodel, ids, seg, mask)
+    np.testing.assert_allclose(a.prediction_logits.numpy(), b.prediction_logits.numpy(), atol=TOL)
+    np.testing.assert_allclose(a.seq_relationship_logits.numpy(),
+                               b.seq_relationship_logits.numpy(), atol=TOL)
+    # The tied decoder is not written twice; Dense kernels are in PyTorch layout.
+    tensors = load_file(out_dir / "model.safetensors")
+    assert "cls.predictions.decoder.weight" not in tensors
+    assert tensors["bert.encoder.layer.0.intermediate.dense.weight"].shape == (512, 128)
+    cfg = json.loads((out_dir / "config.json").read_text())
+    assert cfg["model_type"] == "bert" and cfg["architectures"] == ["BertForPreTraining"]
+    assert cfg["hidden_act"] == "gelu" and cfg["layer_norm_eps"] == 1e-12
+    assert cfg["pad_token_id"] == 0
+    tok = json.loads((out_dir / "tokenizer_config.json").read_text())
+    assert tok["do_lower_case"] is True and tok["model_max_length"] == 64
+    assert (out_dir / "vocab.txt").read_text() == (folder / "vocab.txt").read_text()
+    card = (out_dir / "README.md").read_text()
+    assert "## Privacy" in card and "No differential-privacy guarantee is claimed" in card
+
+
+def test_model_card_carries_privacy_report(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    model, _ = hf.load_pretrained(folder)
+    report = {"epsilon": 2.5, "delta": 1e-8, "accountant": "pld", "privacy_unit": "example",
+              "proven_bound": True}
+    out_dir = hf.save_pretrained(model, tmp_path / "e", folder / "vocab.txt",
+                                 privacy_report=report)
+    card = (out_dir / "README.md").read_text()
+    assert "(2.5, 1e-08)-differential privacy" in card and "differential-privacy" in card
+    assert "No differential-privacy guarantee" not in card
+
+
+@pytest.mark.parametrize("arch", ["BertModel", "BertForMaskedLM"])
+def test_partial_layouts_initialise_missing_heads_with_warning(arch, tmp_path, caplog):
+    torch.manual_seed(1)
+    tmodel = getattr(transformers, arch)(tiny_hf_config()).eval()
+    tmodel.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="dpbert.hf"):
+        model, _ = hf.load_pretrained(tmp_path)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "cls.seq_relationship.weight" in warned
+    if arch == "BertModel":
+        assert "cls.predictions.transform.dense.weight" in warned
+    else:
+        assert "bert.pooler.dense.weight" in warned
+    ids, seg, mask = batch(2)
+    ref = torch_forward(tmodel, ids, seg, mask)
+    out = model(jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(out.sequence_output)[real],
+                               ref.hidden_states[-1].numpy()[real], atol=TOL)
+    if arch == "BertForMaskedLM":
+        np.testing.assert_allclose(np.asarray(out.mlm_logits)[real], ref.logits.numpy()[real],
+                                   atol=TOL)
+
+
+def test_pytorch_model_bin(hf_folder, tmp_path):
+    folder, tmodel = hf_folder
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    torch.save(tmodel.state_dict(), tmp_path / "pytorch_model.bin")
+    model, _ = hf.load_pretrained(tmp_path)
+    ids, seg, mask = batch(3)
+    out = model(jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(mask))
+    np.testing.assert_allclose(out.nsp_logits,
+                               torch_forward(tmodel, ids, seg, mask).seq_relationship_logits,
+                               atol=TOL)
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(hf.CheckpointError, match=r"config\.json: missing"):
+        hf.load_pretrained(tmp_path)
+
+
+def test_non_bert_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10}))
+    with pytest.raises(hf.CheckpointError, match=r"config\.json: key 'model_type' is 'gpt2'"):
+        hf.load_pretrained(tmp_path)
+
+
+def test_wrong_shape_names_file_and_key(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["bert.encoder.layer.1.attention.self.key.weight"] = np.zeros((128, 64), np.float32)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(hf.CheckpointError) as e:
+        hf.load_pretrained(tmp_path)
+    msg = str(e.value)
+    assert "model.safetensors" in msg and "bert.encoder.layer.1.attention.self.key.weight" in msg
+    assert "(128, 64)" in msg and "(128, 128)" in msg
+
+
+def test_missing_encoder_tensor(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    shutil.copy(folder / "config.json", tmp_path / "config.json")
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["bert.encoder.layer.0.output.dense.bias"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(hf.CheckpointError, match=r"'bert.encoder.layer.0.output.dense.bias' is missing"):
+        hf.load_pretrained(tmp_path)
+
+
+def test_vocab_size_mismatch_is_refused_and_existing_export_kept(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    model, _ = hf.load_pretrained(folder)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "config.json").write_text("keep me")
+    bad_vocab = write_vocab(tmp_path, 50)
+    with pytest.raises(ValueError, match="has 50 tokens but the model's vocab_size is 211"):
+        hf.save_pretrained(model, out_dir, bad_vocab)
+    assert (out_dir / "config.json").read_text() == "keep me"
+
+
+# --------------------------------------------------------------------------- real weights (MiniLM)
+
+SENTENCES = [
+    "The patient was admitted with shortness of breath and a productive cough.",
+    "No acute cardiopulmonary process; the heart size is within normal limits.",
+    "A quick brown fox jumps over the lazy dog near the riverbank.",
+    "Differential privacy bounds what any single record can reveal.",
+]
+
+
+def minilm_inputs(folder):
+    tok = transformers.BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)
+    enc = tok(SENTENCES, padding=True, return_tensors="np")
+    assert (enc["input_ids"] == tok.unk_token_id).mean() < 0.02  # vocab really loaded
+    return enc["input_ids"], enc["token_type_ids"], enc["attention_mask"]
+
+
+@pytest.mark.minilm
+def test_minilm_real_weights_match_transformers(minilm_dir):
+    ids, seg, mask = minilm_inputs(minilm_dir)
+    model, config = hf.load_pretrained(minilm_dir)
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (6, 384, 30522)
+    ref = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    with torch.no_grad():
+        expected = ref(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(seg),
+                       attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    out = model(jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(mask))
+    real = mask.astype(bool)
+    np.testing.assert_allclose(np.asarray(out.sequence_output)[real], expected[real], atol=TOL)
+
+
+@pytest.mark.minilm
+@pytest.mark.slow
+def test_export_cli_on_minilm(minilm_dir, tmp_path):
+    dst = tmp_path / "minilm_export"
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={minilm_dir}", f"--out={dst}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ids, seg, mask = minilm_inputs(dst)  # tokenizer from the exported vocab
+    src = transformers.BertModel.from_pretrained(minilm_dir).eval()
+    exp = transformers.BertModel.from_pretrained(dst).eval()
+    with torch.no_grad():
+        kw = dict(input_ids=torch.tensor(ids), token_type_ids=torch.tensor(seg),
+                  attention_mask=torch.tensor(mask))
+        a, b = src(**kw).last_hidden_state.numpy(), exp(**kw).last_hidden_state.numpy()
+    np.testing.assert_allclose(a, b, atol=TOL)
+    _, info = transformers.BertForPreTraining.from_pretrained(dst, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+
+
+def test_export_cli_reports_bad_source(tmp_path):
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={tmp_path}",
+                   f"--out={tmp_path / 'o'}")
+    assert proc.returncode != 0
+    assert "config.json: missing" in proc.stderr
