@@ -730,7 +730,8 @@ class SequentialIterator:
         """This host's slice of global batch ``k`` counted from the current start."""
         p0 = self._start + k * self._global + self._host * self._local
         positions = np.arange(p0, p0 + self._local, dtype=np.int64)
-        indices = np.asarray(self._order._getitems(positions.tolist()), np.int64)  # noqa: SLF001
+        indices = np.fromiter((self._order[p] for p in positions.tolist()), np.int64,
+                              count=len(positions))
         return self._ds.get_batch_for_epochs(indices, positions // self._n)
 
     def _make_iterator(self) -> Iterator[dict[str, np.ndarray]]:
