@@ -962,6 +962,8 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
         raise bad("eval_split_unit", "must be 'document' or 'subject'")
     if cfg.eval_split_unit == "subject" and cfg.corpus == "text":
         raise bad("eval_split_unit", "plain-text corpora have no subjects; use 'document'")
+    if cfg.seed < 0:
+        raise bad("seed", "must be >= 0")
     if cfg.max_documents < 0:
         raise bad("max_documents", "must be >= 0 (0 = all)")
     if isinstance(cfg.paths, str):

@@ -134,6 +134,7 @@ def test_canaries_planted_in_training_data(tmp_path, notes_vocab):
     (dict(eval_split_unit="patient"), "data.eval_split_unit='patient'"),
     (dict(corpus="text", eval_split_unit="subject", paths=("a",)), "data.eval_split_unit"),
     (dict(dupe_factor=0), "data.dupe_factor=0"),
+    (dict(seed=-1), "data.seed=-1"),
     (dict(corpus="text"), "data.paths=()"),
     (dict(corpus="noteevents", paths=("a", "b")), "data.paths=('a', 'b')"),
     (dict(corpus="tfds", tfds_names=()), "data.tfds_names=()"),
