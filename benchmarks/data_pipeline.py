@@ -210,8 +210,10 @@ Tiny-BERT DP step compile: {compile_s:.1f} s.
 | consumer / producer | examples/s | vs. DP step |
 |---|---|---|
 | tiny-BERT DP-SGD step (vmap per-example grads, clip, noise, AdamW) | {med['train']:.0f} | 1.00x |
-| `get_batch` random indices (DP path, 1 thread, fresh masking) | {med['get_batch']:.0f} | {ratio_gb:.1f}x |
-| `SequentialIterator` (grain shuffle, 1 reader thread, prefetch 4, start-up included) | {med['sequential']:.0f} | {ratio_seq:.1f}x |
+| `get_batch` random indices (DP path, 1 thread, fresh masking) \
+| {med['get_batch']:.0f} | {ratio_gb:.1f}x |
+| `SequentialIterator` (grain shuffle, 1 reader thread, prefetch 4, start-up included) \
+| {med['sequential']:.0f} | {ratio_seq:.1f}x |
 | DP step fed live by `background_map(get_batch)` | {med['train_live']:.0f} | {live:.2f}x |
 
 The pipeline keeps ahead when its rate is above the step's; the last row is the end-to-end

@@ -662,7 +662,8 @@ class PretrainingDataset:
         return self._batch(indices, np.full(indices.shape, int(step), np.int64),
                            _MASK_DOMAIN_STEP)
 
-    def get_batch_for_epochs(self, indices: np.ndarray, epochs: np.ndarray) -> dict[str, np.ndarray]:
+    def get_batch_for_epochs(self, indices: np.ndarray,
+                             epochs: np.ndarray) -> dict[str, np.ndarray]:
         """Like ``get_batch``, masking example ``indices[b]`` for epoch ``epochs[b]``.
 
         The sequential (epoch-based) mode uses this: each example is masked afresh each epoch.
