@@ -68,7 +68,7 @@ FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
 NO_SUBJECT = -1  # subject id of documents whose patient is unknown (plain-text corpora)
 # Bump when the instance-creation code changes in a way that changes its output: part of the
 # cache fingerprint.
-INSTANCES_FORMAT_VERSION = 1
+INSTANCES_FORMAT_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +246,9 @@ class Instances:
       b_doc_index: int32 [N], document of segment B (== doc_index unless is_random_next).
       subject_id: int64 [N], SUBJECT_ID of A's document (``NO_SUBJECT`` when unknown).
       b_subject_id: int64 [N], SUBJECT_ID of B's document.
+      doc_key: int64 [N], source key of A's document (ROW_ID for notes, stream ordinal for
+        text corpora).
+      b_doc_key: int64 [N], source key of B's document.
     """
 
     tokens: np.ndarray
@@ -256,9 +259,11 @@ class Instances:
     b_doc_index: np.ndarray
     subject_id: np.ndarray
     b_subject_id: np.ndarray
+    doc_key: np.ndarray
+    b_doc_key: np.ndarray
 
     _ARRAYS = ("tokens", "offsets", "a_lengths", "is_random_next", "doc_index", "b_doc_index",
-               "subject_id", "b_subject_id")
+               "subject_id", "b_subject_id", "doc_key", "b_doc_key")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -446,7 +451,9 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
         doc_index=doc_a_arr,
         b_doc_index=doc_b_arr,
         subject_id=corpus.subject_ids[doc_a_arr].astype(np.int64),
-        b_subject_id=corpus.subject_ids[doc_b_arr].astype(np.int64))
+        b_subject_id=corpus.subject_ids[doc_b_arr].astype(np.int64),
+        doc_key=corpus.doc_keys[doc_a_arr].astype(np.int64),
+        b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64))
 
 
 # --------------------------------------------------------------------------------------------
@@ -655,7 +662,8 @@ class PretrainingDataset:
         return self._batch(indices, np.full(indices.shape, int(step), np.int64),
                            _MASK_DOMAIN_STEP)
 
-    def get_batch_for_epochs(self, indices: np.ndarray, epochs: np.ndarray) -> dict[str, np.ndarray]:
+    def get_batch_for_epochs(self, indices: np.ndarray,
+                             epochs: np.ndarray) -> dict[str, np.ndarray]:
         """Like ``get_batch``, masking example ``indices[b]`` for epoch ``epochs[b]``.
 
         The sequential (epoch-based) mode uses this: each example is masked afresh each epoch.
@@ -723,7 +731,8 @@ class SequentialIterator:
         """This host's slice of global batch ``k`` counted from the current start."""
         p0 = self._start + k * self._global + self._host * self._local
         positions = np.arange(p0, p0 + self._local, dtype=np.int64)
-        indices = np.asarray(self._order._getitems(positions.tolist()), np.int64)  # noqa: SLF001
+        indices = np.fromiter((self._order[p] for p in positions.tolist()), np.int64,
+                              count=len(positions))
         return self._ds.get_batch_for_epochs(indices, positions // self._n)
 
     def _make_iterator(self) -> Iterator[dict[str, np.ndarray]]:
@@ -954,10 +963,14 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
         raise bad("eval_split_unit", "must be 'document' or 'subject'")
     if cfg.eval_split_unit == "subject" and cfg.corpus == "text":
         raise bad("eval_split_unit", "plain-text corpora have no subjects; use 'document'")
+    if cfg.seed < 0:
+        raise bad("seed", "must be >= 0")
     if cfg.max_documents < 0:
         raise bad("max_documents", "must be >= 0 (0 = all)")
     if isinstance(cfg.paths, str):
         raise bad("paths", "must be a tuple of paths, e.g. ('a.txt',)")
+    if cfg.corpus in ("text", "noteevents") and not cfg.paths:
+        raise bad("paths", f"the {cfg.corpus} corpus needs its file path(s)")
     if cfg.corpus == "noteevents" and len(cfg.paths) != 1:
         raise bad("paths", "noteevents needs exactly one NOTEEVENTS.csv(.gz) path")
     if cfg.corpus == "synthetic" and cfg.synthetic_num_notes < 2:

@@ -420,6 +420,7 @@ def _radiology(rng: random.Random, p: _Patient, day: datetime.date) -> tuple[str
                                 "The osseous structures are unremarkable.")))
     rng.shuffle(findings)
     impression = findings[:rng.randint(1, min(2, len(findings)))]
+    prior = day - datetime.timedelta(days=rng.randint(1, 400))
     if rng.random() < 0.5:
         impression = [f"{i + 1}. {s}" for i, s in enumerate(impression)]
     text = "\n".join([
@@ -429,7 +430,7 @@ def _radiology(rng: random.Random, p: _Patient, day: datetime.date) -> tuple[str
         _wrap(f"INDICATION: {p.age} year old {man} with {_fill(main['name'], rng, p)} // "
               f"{question}", rng),
         "",
-        f"COMPARISON: {rng.choice(('None.', _fmt_date(day - datetime.timedelta(days=rng.randint(1, 400)), rng)))}",
+        f"COMPARISON: {rng.choice(('None.', _fmt_date(prior, rng)))}",
         "",
         "FINDINGS:",
         "",
@@ -459,7 +460,9 @@ def _nursing(rng: random.Random, p: _Patient, day: datetime.date) -> str:
         f"ID: Tmax {rng.uniform(97.5, 101.5):.1f}. {rng.choice(('On ceftriaxone.', 'No abx.'))}",
         f"Social: {rng.choice(('Wife', 'Husband', 'Daughter', 'Son'))} in to visit, updated on "
         f"plan of care.",
-        f"Plan: Continue to monitor. {rng.choice(('Diurese as ordered.', 'Wean O2 as tolerated.', 'Follow up AM labs.', 'PT consult.'))}",
+        "Plan: Continue to monitor. " + rng.choice(("Diurese as ordered.", "Wean O2 as "
+                                                     "tolerated.", "Follow up AM labs.",
+                                                     "PT consult.")),
     ]
     return "\n".join(lines)
 
@@ -474,20 +477,24 @@ def _ecg(rng: random.Random, p: _Patient, day: datetime.date) -> str:
     return f"{rhythm}. Rate {rng.randint(48, 140)}. " + " ".join(found) + " " + comparison
 
 
+_AORTIC = ("There is no aortic valve stenosis.", "Mild (1+) aortic regurgitation is seen.")
+_MITRAL = ("Trivial mitral regurgitation is seen.", "Moderate (2+) mitral regurgitation is seen.")
+
+
 def _echo(rng: random.Random, p: _Patient, day: datetime.date) -> str:
     ef = rng.randint(20, 35) if "chf" in p.conditions else rng.randint(50, 70)
     size = rng.choice(("normal in size", "mildly dilated", "moderately dilated"))
     return "\n".join([
         "PATIENT/TEST INFORMATION:",
-        f"Indication: {rng.choice(('Congestive heart failure.', 'Murmur.', 'Shortness of breath.', 'Atrial fibrillation.'))}",
+        "Indication: " + rng.choice(("Congestive heart failure.", "Murmur.",
+                                     "Shortness of breath.", "Atrial fibrillation.")),
         f"Height: (in) {rng.randint(58, 76)} Weight (lb): {int(p.weight * 2.2)} BP (mm Hg): "
         f"{rng.randint(95, 160)}/{rng.randint(50, 90)} HR (bpm): {rng.randint(55, 110)}",
         "",
         "Conclusions:",
         _wrap(f"The left atrium is {size}. Left ventricular wall thickness, cavity size and "
               f"regional wall motion are normal. The left ventricular ejection fraction is "
-              f"{ef}%. {rng.choice(('There is no aortic valve stenosis.', 'Mild (1+) aortic regurgitation is seen.'))} "
-              f"{rng.choice(('Trivial mitral regurgitation is seen.', 'Moderate (2+) mitral regurgitation is seen.'))} "
+              f"{ef}%. {rng.choice(_AORTIC)} {rng.choice(_MITRAL)} "
               f"There is {rng.choice(('no', 'a small'))} pericardial effusion.", rng),
         "",
         f"IMPRESSION: {'Depressed' if ef < 45 else 'Preserved'} left ventricular systolic "
@@ -546,7 +553,8 @@ def generate_synthetic(num_notes: int, *, seed: int = 0, notes_per_subject: floa
         p = _patient(seed, subject_id)
         category = rng.choices(categories, weights)[0]
         admission = _rng_for(seed, "admission", subject_id, rng.randrange(2))
-        admit = datetime.date(p.dob.year + p.age, admission.randint(1, 12), admission.randint(1, 28))
+        admit = datetime.date(p.dob.year + p.age, admission.randint(1, 12),
+                              admission.randint(1, 28))
         hadm_id = 100_000 + (subject_id * 7 + admission.randrange(1000)) % 900_000
         day = admit + datetime.timedelta(days=rng.randint(0, 5))
         description = "Report"

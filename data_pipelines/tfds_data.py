@@ -2,7 +2,7 @@
 
 Everything here runs WITHOUT TensorFlow: TFDS 4.9.10 builds a ``GeneratorBasedBuilder`` with
 ``file_format="array_record"`` and reads it back with ``tfds.data_source`` (random access, no
-``tf.data``) when TensorFlow is not installed; grain iterates the data source.
+``tf.data``) when TensorFlow is not installed.
 
 * ``MimicNoteevents`` (TFDS name ``mimic_noteevents``): features ``text``, ``row_id``,
   ``subject_id``, ``hadm_id`` (-1 when empty), ``category``; one ``train`` split (the held-out
@@ -26,7 +26,6 @@ import re
 import tempfile
 from collections.abc import Iterator
 
-import grain
 import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import utils as tfds_utils
@@ -118,7 +117,7 @@ def prepare_noteevents(noteevents: str | os.PathLike, data_dir: str | os.PathLik
                 name = _NOTEEVENTS_FILES[0] if path.endswith(".gz") else _NOTEEVENTS_FILES[1]
                 os.symlink(path, os.path.join(tmp, name))
         else:
-            raise corpora.CorpusError(f"corpus file not found: {path!r}")
+            raise documents.CorpusNotFoundError(f"NOTEEVENTS file not found: {path!r}")
         builder = MimicNoteevents(data_dir=os.fspath(data_dir), file_format="array_record")
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
@@ -160,11 +159,24 @@ def _text(value) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def _read_in_order(source, chunk: int) -> Iterator[dict]:
+    """All records of a TFDS data source in index order (the order TFDS wrote them).
+
+    Chunked ``__getitems__`` reads: this one-pass offline scan measured 2-3x faster than a
+    grain ``MapDataset.source(...).to_iter_dataset()`` loop (per-record overhead; the
+    decoding is Python-bound, so reader threads do not help). Shuffling, sharding and
+    prefetching of the training examples use grain (``pretraining``).
+    """
+    n = len(source)
+    for start in range(0, n, chunk):
+        yield from source.__getitems__(list(range(start, min(n, start + chunk))))
+
+
 def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = None,
                    text_key: str = "text", sentences_per_document: int = 0,
                    max_documents: int = 0, max_sentence_chars: int = 1000,
-                   num_threads: int = 4) -> Iterator[documents.Document]:
-    """Documents from a prepared TFDS dataset, read through ``tfds.data_source`` + grain.
+                   chunk: int = 256) -> Iterator[documents.Document]:
+    """Documents from a prepared TFDS dataset, read through ``tfds.data_source``.
 
     Args:
       name: TFDS name (``mimic_noteevents``, ``wikipedia/20230601.en``, ...).
@@ -173,7 +185,7 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
         ``sentences.split_sentences``); k > 0 = each example is one sentence and k consecutive
         examples form a document (sentence-level BookCorpus copies).
       max_documents: stop after this many documents (0 = all).
-      num_threads: grain reader threads.
+      chunk: records per read.
 
     Yields:
       ``documents.Document``; SUBJECT_ID and ROW_ID are used when the dataset has
@@ -183,9 +195,7 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
     n = len(source)
     if n == 0:
         raise DataNotPreparedError(f"TFDS dataset {name!r} split {split!r} is empty")
-    # Records are read in index order by grain threads (the order TFDS wrote them).
-    records = grain.MapDataset.source(source).to_iter_dataset(
-        grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=256))
+    records = _read_in_order(source, chunk)
     produced = 0
     if sentences_per_document > 0:
         doc: list[str] = []

@@ -61,8 +61,8 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
         if not tok:
             raise ValueError(f"vocab file {path}: empty token on line {i + 1}")
         if tok in seen:
-            raise ValueError(
-                f"vocab file {path}: token {tok!r} appears twice (lines {seen[tok] + 1} and {i + 1})")
+            raise ValueError(f"vocab file {path}: token {tok!r} appears twice "
+                             f"(lines {seen[tok] + 1} and {i + 1})")
         seen[tok] = i
     missing = [t for t in SPECIAL_TOKENS if t not in seen]
     if missing:

@@ -117,6 +117,7 @@ def test_instances_match_reference_transcription(max_seq_length, short_seq_prob,
         assert got.doc_index[i] == doc_a and got.b_doc_index[i] == doc_b
         assert got.subject_id[i] == corpus.subject_ids[doc_a]
         assert got.b_subject_id[i] == corpus.subject_ids[doc_b]
+        assert got.doc_key[i] == corpus.doc_keys[doc_a] and got.b_doc_key[i] == doc_b
 
 
 def test_instance_statistics_follow_bert_recipe():
