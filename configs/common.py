@@ -58,6 +58,24 @@ def get_config() -> ml_collections.ConfigDict:
     # data_pipelines.pretraining.default_data_config for every field.
     c.data = pretraining.default_data_config()
 
+    # ------------------------------------------------------------------- privacy-adaptive (dχ)
+    # MLM target (dpbert.losses registry): "vanilla" (predict the privatized token, Qu et al.
+    # Eq. 5), "prob" (soft target over dchi.prob_samples privatized draws, Eq. 6) or
+    # "denoising" (predict the original token, Eq. 7). Without dχ all three are plain BERT MLM.
+    c.mlm_target = "vanilla"
+    c.dchi = ml_collections.ConfigDict()
+    # dχ privatization of every input token on the fly, on the training devices: "none",
+    # "text_to_text" (nearest vocabulary token to the noisy embedding) or "token_rep" (the noisy
+    # embedding itself). Any mechanism but "none" freezes the word embedding (it is the
+    # user-side φ).
+    c.dchi.mechanism = "none"
+    # η: larger = less noise (noise norm ~ Gamma(n, 1/η), mean n/η for embedding width n).
+    c.dchi.eta = 100.0
+    # K privatized draws per masked position for the "prob" target (paper: 10).
+    c.dchi.prob_samples = 10
+    # Vocabulary rows per nearest-neighbour matmul chunk (memory knob).
+    c.dchi.chunk_size = 4096
+
     # ------------------------------------------------------------------------------------- dp
     c.dp = ml_collections.ConfigDict()
     # DP-SGD on (per-example clipping + Gaussian noise + accounting) or off (public data).

@@ -45,6 +45,7 @@ from flax import nnx
 
 from data_pipelines import pretraining
 from dpbert import checkpointing
+from dpbert import dchi
 from dpbert import dp as dp_lib
 from dpbert import hf
 from dpbert import losses
@@ -54,6 +55,8 @@ from dpbert import optimizers
 from dpbert import sharding
 
 PyTree = Any
+_DCHI_STREAM = 0x0D1  # key domain of dχ privatization (apart from the DP engine's streams)
+_EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never reaches
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"  # what an export needs: model architecture, vocab, tokenizer flags
 REPORT_FILE = "privacy_report.json"
@@ -101,8 +104,16 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     need(config.train.log_every > 0, "train.log_every", "must be > 0")
     need(config.train.eval_every >= 0, "train.eval_every", "must be >= 0")
     need(config.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+    if config.dchi.mechanism != "none":
+        need(bool(config.model.init_from_hf), "model.init_from_hf",
+             "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")
     need(config.model.size in model_lib.PRESETS or bool(config.model.init_from_hf),
          "model.size", f"must be one of {sorted(model_lib.PRESETS)}")
+    need(config.mlm_target in losses.mlm_target_names(), "mlm_target",
+         f"must be one of {losses.mlm_target_names()}")
+    need(config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
+         f"must be one of {dchi.MECHANISMS}")
+    need(config.dchi.eta > 0, "dchi.eta", "must be > 0")
     need(config.model.max_position_embeddings >= config.data.max_seq_length,
          "model.max_position_embeddings",
          f"must be >= data.max_seq_length ({config.data.max_seq_length})")
@@ -235,6 +246,24 @@ def _with_dropout(model: model_lib.BertForPreTraining, m: ml_collections.ConfigD
     return fresh
 
 
+def make_privatizer(config: ml_collections.ConfigDict, model: model_lib.BertForPreTraining,
+                    vocab_file: str) -> tuple[dchi.Privatizer | None, bool]:
+    """(privatizer or None, whether the word embedding is frozen).
+
+    φ is the starting model's word-embedding table, copied now; during privacy-adaptive
+    pretraining the table is frozen (stop-gradient, no noise, no optimizer update), and so is
+    the MLM decoder tied to it, so the privacy level that η stands for cannot drift and the
+    exported model's embeddings are exactly φ.
+    """
+    d = config.dchi
+    if d.mechanism == "none":
+        return None, False
+    privatizer = dchi.Privatizer.from_model(
+        model, vocab_file, eta=float(d.eta), mechanism=d.mechanism, mlm_target=config.mlm_target,
+        prob_samples=d.prob_samples, chunk_size=d.chunk_size)
+    return privatizer, True
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """The run's numbers, fixed before the first step (all public)."""
@@ -334,9 +363,14 @@ class PublicUpdater:
         return params, opt_state, state.replace(step=state.step + 1), sums
 
 
-def make_eval_step(loss_fn: Callable) -> Callable:
-    """(params, batch, mask) -> metric totals over the real examples (no dropout)."""
-    def eval_step(params, batch, mask):
+def make_eval_step(loss_fn: Callable, dchi_key: jax.Array) -> Callable:
+    """(params, batch, mask, privatizer, index) -> metric totals over the real examples (no
+    dropout). With dχ on, the held-out text is privatized as users would privatize theirs
+    (fixed keys per eval batch, a stream apart from training's)."""
+    def eval_step(params, batch, mask, privatizer, index):
+        if privatizer is not None:
+            batch = dchi.privatize_batch(privatizer, batch, dchi.batch_key(
+                jax.random.fold_in(dchi_key, _EVAL_STREAM), index))
         keys = jnp.zeros((mask.shape[0], 2), jnp.uint32)
         _, m = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, batch, keys)
         w = mask.astype(jnp.float32)
@@ -347,11 +381,44 @@ def make_eval_step(loss_fn: Callable) -> Callable:
 # ---------------------------------------------------------------------------------- shardings
 
 
-def state_shardings(state: TrainState, optimizer: optax.GradientTransformation,
-                    param_shardings: PyTree, mesh) -> TrainState:
+def _path_key(path) -> tuple[str, ...]:
+    out = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                out.append(str(getattr(k, attr)))
+                break
+    return tuple(out)
+
+
+def opt_state_shardings(opt_state: PyTree, params: PyTree, param_shardings: PyTree,
+                        mesh) -> PyTree:
+    """Optimizer-state leaves that mirror a parameter (Adam moments, ...) get its sharding.
+
+    A leaf mirrors the parameter whose path is a suffix of the leaf's path (optax nests the
+    parameter tree under its own keys, e.g. (0, 'mu', 'bert', ...)) and has its shape; every
+    other leaf (step counts, masked-out placeholders) is replicated. This works through chains,
+    masks and multi_transform alike.
+    """
     rep = sharding.replicated(mesh)
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, state.opt_state, param_shardings,
-                                transform_non_params=lambda _: rep)
+    flat_params = {_path_key(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    flat_shardings = {_path_key(p): s for p, s in
+                      jax.tree_util.tree_leaves_with_path(param_shardings)}
+
+    def one(path, leaf):
+        key = _path_key(path)
+        for start in range(len(key)):
+            suffix = key[start:]
+            if suffix in flat_params and flat_params[suffix] == leaf.shape:
+                return flat_shardings[suffix]
+        return rep
+
+    return jax.tree_util.tree_map_with_path(one, opt_state)
+
+
+def state_shardings(state: TrainState, param_shardings: PyTree, mesh) -> TrainState:
+    rep = sharding.replicated(mesh)
+    opt = opt_state_shardings(state.opt_state, state.params, param_shardings, mesh)
     dp_state = state.dp.replace(
         grad_acc=None if state.dp.grad_acc is None else param_shardings,
         micro_step=rep, step=rep, rng=rep)
@@ -449,12 +516,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         "do_lower_case": data_config.do_lower_case,
         "max_seq_length": data_config.max_seq_length,
         "init_from_hf": config.model.init_from_hf or None})
+    privatizer, frozen = make_privatizer(config, model, vocab_file)
+    trainable = dp_lib.freeze_paths_containing("word_embeddings") if frozen else None
     graphdef, param_state = nnx.split(model)
     params = nnx.to_pure_dict(param_state)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
-    optimizer = optimizers.make_optimizer(opt_config)
-    loss_fn = losses.make_pretraining_loss(graphdef, deterministic=False)
+    optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)
+    loss_fn = losses.make_pretraining_loss(graphdef, deterministic=False,
+                                           mlm_target=config.mlm_target,
+                                           frozen_word_embedding=frozen)
     b = config.batch
     if config.dp.enabled:
         updater = dp_lib.DPAggregator(
@@ -463,7 +534,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                             microbatch_size=b.microbatch_size,
                             accumulation_steps=plan.calls_per_batch,
                             noise_mode=config.dp.noise_mode, num_shards=plan.num_shards),
-            loss_fn, optimizer)
+            loss_fn, optimizer, trainable=trainable)
         sampler = dp_lib.make_sampler(config.dp.sampling, num_examples=plan.num_examples,
                                       expected_batch_size=b.expected_batch_size,
                                       physical_batch_size=b.physical_batch_size,
@@ -477,7 +548,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     shardings_tree = state_shardings(
         TrainState(params, jax.eval_shape(optimizer.init, params),
                    jax.eval_shape(lambda: updater.init(params, config.seed))),
-        optimizer, pure_param_shardings(model, mesh), mesh)
+        pure_param_shardings(model, mesh), mesh)
     init_fn = jax.jit(lambda p: TrainState(p, optimizer.init(p), updater.init(p, config.seed)),
                       out_shardings=shardings_tree)
     state = init_fn(params)
@@ -505,17 +576,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     abstract_mask = jax.ShapeDtypeStruct((b.physical_batch_size,), jnp.bool_,
                                          sharding=batch_sharding)
 
-    def step_fn(state: TrainState, batch, mask):
+    dchi_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), _DCHI_STREAM)
+
+    def step_fn(state: TrainState, batch, mask, privatizer):
+        if privatizer is not None:
+            # A fresh privatization of every example every time it is seen: the key is unique
+            # to (logical step, call within it), the example's key to its position.
+            batch = dchi.privatize_batch(privatizer, batch, dchi.batch_key(
+                dchi_key, state.dp.step, state.dp.micro_step))
         params, opt_state, dp_state, sums = updater.update(state.dp, state.params,
                                                            state.opt_state, batch, mask)
         return TrainState(params, opt_state, dp_state), sums
 
+    if privatizer is not None:
+        privatizer = jax.device_put(privatizer, sharding.replicated(mesh))
     compiled = jax.jit(step_fn, donate_argnums=0,
                        out_shardings=(shardings_tree, sharding.replicated(mesh))).lower(
-        checkpointing.abstract_like(state), abstract_batch, abstract_mask).compile()
+        checkpointing.abstract_like(state), abstract_batch, abstract_mask,
+        privatizer).compile()
     _log_memory("train step", compiled)
-    eval_fn = jax.jit(make_eval_step(losses.make_pretraining_loss(graphdef, deterministic=True)),
-                      out_shardings=sharding.replicated(mesh))
+    eval_loss = losses.make_pretraining_loss(graphdef, deterministic=True,
+                                             mlm_target=config.mlm_target)
+    eval_fn = jax.jit(make_eval_step(eval_loss, dchi_key), out_shardings=sharding.replicated(mesh))
 
     def load(call: int):
         indices, mask = sampler.batch(call)
@@ -553,7 +635,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     batch = sharding.make_global_batch(local, mesh, b.physical_batch_size)
                     mask = sharding.make_global_batch({"m": local_mask}, mesh,
                                                       b.physical_batch_size)["m"]
-                    state, sums = compiled(state, batch, mask)
+                    state, sums = compiled(state, batch, mask, privatizer)
                     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
                 sampler.call = (step + 1) * plan.calls_per_batch
                 step += 1
@@ -575,7 +657,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     totals, t_last, steps_since = None, time.time(), 0
                 if eval_ds is not None and config.train.eval_every and \
                         step % config.train.eval_every == 0 and step < plan.num_steps:
-                    writer.write(step, evaluate(eval_fn, state.params, eval_ds, config, mesh))
+                    writer.write(step, evaluate(eval_fn, state.params, eval_ds, config, mesh, privatizer))
                 if config.checkpoint.every_steps and step % config.checkpoint.every_steps == 0:
                     save(step)
                 if preempted.flag:
@@ -595,7 +677,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                         config.dp.target_epsilon)
     final_eval = {}
     if eval_ds is not None:
-        final_eval = evaluate(eval_fn, state.params, eval_ds, config, mesh)
+        final_eval = evaluate(eval_fn, state.params, eval_ds, config, mesh, privatizer)
         writer.write(step, final_eval)
     save(step)
     ckpt.close()
@@ -648,7 +730,7 @@ def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
     return _export(model, pathlib.Path(out), run, meta.get("privacy_report"))
 
 
-def evaluate(eval_fn, params, eval_ds, config, mesh) -> dict[str, float]:
+def evaluate(eval_fn, params, eval_ds, config, mesh, privatizer=None) -> dict[str, float]:
     """Mean metrics over (a prefix of) the held-out split."""
     size = config.train.eval_batch_size
     size = max(size - size % jax.device_count(), jax.device_count())
@@ -665,7 +747,7 @@ def evaluate(eval_fn, params, eval_ds, config, mesh) -> dict[str, float]:
         local = eval_ds.get_batch(idx[rows], step=0)
         batch = sharding.make_global_batch(local, mesh, size)
         m = sharding.make_global_batch({"m": mask[rows]}, mesh, size)["m"]
-        sums = eval_fn(params, batch, m)
+        sums = eval_fn(params, batch, m, privatizer, i)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     return metrics_lib.summarize(jax.device_get(totals), "eval/")
 

@@ -300,3 +300,95 @@ def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
     b, step_b = final_params(resumed)
     assert step_a == step_b == 8
     assert_trees(a, b, exact=True)
+
+
+@pytest.fixture(scope="module")
+def hf_start(tmp_path_factory):
+    """A small 'pretrained' BERT folder + a public text corpus, for privacy-adaptive runs."""
+    from data_pipelines import dp_vocab, synthetic_notes
+    from dpbert import hf
+    from dpbert import model as model_lib
+
+    root = tmp_path_factory.mktemp("pa")
+    corpus = root / "corpus.txt.gz"
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
+    dp_vocab.build_vocab(corpus, "text", 1000, None, None, 64, root / "vocab", dp=False,
+                         seed=0, progress=False)
+    vocab = hf.read_vocab(root / "vocab" / "vocab.txt")
+    model = model_lib.create_model(model_lib.BertConfig.preset(
+        "tiny", len(vocab), max_position_embeddings=64), seed=5)
+    hf.save_pretrained(model, root / "bert", root / "vocab" / "vocab.txt")
+    return root / "bert", corpus
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism,target", [("text_to_text", "vanilla"),
+                                              ("text_to_text", "prob"),
+                                              ("token_rep", "denoising")])
+def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_path, mechanism,
+                                                    target):
+    from configs import privacy_adaptive
+    from safetensors.numpy import load_file
+
+    start, corpus = hf_start
+    c = privacy_adaptive.get_config(mechanism)
+    c.model.init_from_hf = str(start)
+    c.mlm_target = target
+    c.dchi.prob_samples = 3
+    c.dchi.eta = 50.0
+    c.data.paths = (str(corpus),)
+    c.data.max_seq_length = 32
+    c.data.max_predictions_per_seq = 5
+    c.data.eval_fraction = 0.1
+    c.data.cache_dir = str(cache_dir / "instances")
+    c.batch.expected_batch_size = c.batch.physical_batch_size = 16
+    c.optimizer.warmup_steps = 1
+    c.optimizer.learning_rate = 1e-2
+    c.train.num_steps = 2
+    c.train.log_every = 1
+    c.train.eval_every = 0
+    c.train.eval_batches = 1
+    c.train.eval_batch_size = 16
+    c.checkpoint.async_save = False
+    report = train.train_and_evaluate(c, tmp_path / "run")
+    assert report["dp"] is False and report["steps"] == 2
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(l["train/loss"]) for l in lines if "train/loss" in l)
+    before = load_file(start / "model.safetensors")
+    after = load_file(tmp_path / "run" / "hf" / "model.safetensors")
+    key = "bert.embeddings.word_embeddings.weight"
+    np.testing.assert_array_equal(before[key], after[key])  # φ (and the tied decoder) frozen
+    moved = "bert.encoder.layer.0.intermediate.dense.weight"
+    assert not np.array_equal(before[moved], after[moved])  # the rest trains
+
+
+def test_dchi_needs_a_pretrained_start(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"dchi.mechanism": "text_to_text"})
+    with pytest.raises(train.ConfigError, match="model.init_from_hf"):
+        train.train_and_evaluate(c, tmp_path / "x")
+
+
+def test_optimizer_state_is_sharded_like_the_parameters():
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    from dpbert import model as model_lib
+    from dpbert import optimizers
+    from dpbert import sharding
+
+    mesh = sharding.make_mesh(4, 2)
+    model = model_lib.create_model(model_lib.BertConfig.preset("tiny", 100))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    shardings = train.pure_param_shardings(model, mesh)
+    opt_cfg = dict(name="adamw", learning_rate=1e-3, warmup_steps=1, total_steps=10,
+                   weight_decay=0.01)
+    tx = optimizers.make_optimizer(opt_cfg, params,
+                                   trainable=dp_lib.freeze_paths_containing("word_embeddings"))
+    opt = train.opt_state_shardings(jax.eval_shape(tx.init, params), params, shardings, mesh)
+    specs = {train._path_key(p): s.spec for p, s in jax.tree_util.tree_leaves_with_path(opt)}
+    kernel = ("bert", "encoder", "layer", "0", "intermediate", "dense", "kernel")
+    moments = [k for k in specs if k[-len(kernel):] == kernel]
+    assert len(moments) == 2  # mu and nu
+    assert all(specs[k] == P(None, "fsdp") for k in moments)
+    # The frozen word embedding has no optimizer state at all.
+    assert not any("word_embeddings" in k for k in specs)
