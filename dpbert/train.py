@@ -104,6 +104,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     need(config.train.log_every > 0, "train.log_every", "must be > 0")
     need(config.train.eval_every >= 0, "train.eval_every", "must be >= 0")
     need(config.checkpoint.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+    if config.data.corpus in ("text", "noteevents"):
+        what = ("a MIMIC-III NOTEEVENTS.csv(.gz) file (credentialed PhysioNet data, download it "
+                "yourself)" if config.data.corpus == "noteevents" else
+                "text files (one sentence per line, blank line between documents)")
+        need(len(config.data.paths) > 0, "data.paths", f"is empty: give {what}")
+        for path in config.data.paths:
+            if not os.path.isfile(os.path.expanduser(path)):
+                raise ConfigError(f"config.data.paths: {path!r} does not exist (expected {what})")
     if config.dchi.mechanism != "none":
         need(bool(config.model.init_from_hf), "model.init_from_hf",
              "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")

@@ -392,3 +392,72 @@ def test_optimizer_state_is_sharded_like_the_parameters():
     assert all(specs[k] == P(None, "fsdp") for k in moments)
     # The frozen word embedding has no optimizer state at all.
     assert not any("word_embeddings" in k for k in specs)
+
+
+def _shrink(c, cache_dir, steps=2):
+    """A real experiment config shrunk to a few seconds of tiny BERT."""
+    c.model.size = "tiny"
+    c.model.max_position_embeddings = 64
+    c.data.max_seq_length = 64
+    c.data.max_predictions_per_seq = 8
+    c.data.cache_dir = str(cache_dir / "instances")
+    c.vocab.size = 2000
+    c.vocab.seed = 0
+    c.batch.expected_batch_size = 16
+    c.batch.physical_batch_size = 32
+    c.batch.microbatch_size = 16
+    c.dp.overflow_probability = 1e-3
+    c.optimizer.warmup_steps = 1
+    c.train.num_steps = steps
+    c.train.log_every = 1
+    c.train.eval_every = 0
+    c.train.eval_batches = 1
+    c.train.eval_batch_size = 16
+    c.train.export_hf = False
+    c.checkpoint.async_save = False
+    return c
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+@pytest.mark.parametrize("corpus", ["noteevents", "text"])
+def test_real_corpora_feed_the_training_loop(shared_data, cache_dir, tmp_path, corpus):
+    """The NOTEEVENTS sample (mimic_dp config) and a plain-text corpus train end to end, with a
+    DP vocabulary built from them first."""
+    from configs import mimic_dp
+
+    c = _shrink(mimic_dp.get_config("size=tiny"), cache_dir)
+    c.dp.delta = 1e-6
+    if corpus == "noteevents":
+        c.data.paths = (str(shared_data / "clinical" / "NOTEEVENTS_sample.csv.gz"),)
+    else:
+        c.data.corpus = "text"
+        c.data.paths = (str(shared_data / "corpus" / "web_bible.txt.gz"),)
+        c.data.eval_split_unit = "document"
+    report = train.train_and_evaluate(c, tmp_path / corpus)
+    assert report["steps"] == 2 and report["delta"] == 1e-6
+    assert report["vocabulary"]["dp"] is True
+    assert report["num_examples"] > 100
+    assert (tmp_path / corpus / "vocab" / "vocab.txt").is_file()
+
+
+def test_mimic_config_without_corpus_says_what_is_missing(tmp_path):
+    from configs import mimic_dp
+
+    with pytest.raises(train.ConfigError, match=r"data.paths.*is empty: give a MIMIC-III "
+                                                r"NOTEEVENTS"):
+        train.train_and_evaluate(mimic_dp.get_config(), tmp_path)
+    c = mimic_dp.get_config()
+    c.data.paths = ("/nowhere/NOTEEVENTS.csv.gz",)
+    with pytest.raises(train.ConfigError, match="/nowhere/NOTEEVENTS.csv.gz' does not exist"):
+        train.train_and_evaluate(c, tmp_path)
+    with pytest.raises(ValueError, match="unknown config arg"):
+        mimic_dp.get_config("sise=tiny")
+
+
+def test_wiki_books_needs_prepared_tfds_and_a_vocab(tmp_path):
+    from configs import wiki_books
+
+    c = wiki_books.get_config("tiny")
+    with pytest.raises(train.ConfigError, match="vocab.file is empty"):
+        train.train_and_evaluate(c, tmp_path / "a")
