@@ -51,6 +51,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLING_MODES = ("poisson", "shuffle")
 NOISE_MODES = ("global", "per_shard")
+# Usual privacy units ("example" = one pretraining sequence); any name is accepted.
 PRIVACY_UNITS = ("example", "patient", "document")
 
 # dp_accounting's own default grid; reported epsilons use it so they agree with a
@@ -601,6 +602,9 @@ class PrivacyBudget:
                 raise ValueError(
                     f"privacy budget checkpoint has {key}={saved!r} but this run has "
                     f"{key}={value!r}; changing privacy parameters mid-run is not supported")
+        # Keep the smaller limit if this run computes a different one (e.g. after a
+        # dp_accounting upgrade): a resumed run never goes beyond either.
+        self.max_steps = min(self.max_steps, int(state["max_steps"]))
         steps = int(state["steps_taken"])
         if steps > self.max_steps:
             raise ValueError(f"checkpoint steps_taken={steps} exceeds max_steps={self.max_steps}")
@@ -620,7 +624,8 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
       spec: accounting parameters.
       steps: logical steps (noise draws) taken.
       clip_norm: C (None when unknown, e.g. in the CLI).
-      privacy_unit: what one "example" is ("example" = one sequence, "patient", ...).
+      privacy_unit: what one "example" is ("example" = one sequence, "patient", ...);
+        the neighbouring relation adds or removes one such unit.
       epsilon: precomputed epsilon (else computed with `spec`).
 
     Returns:
@@ -629,16 +634,21 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
       max_batch_size, num_examples, steps, accountant, privacy_unit, noise_mode,
       num_shards, proven_bound and note.
     """
-    _check_choice("privacy_unit", privacy_unit, PRIVACY_UNITS)
+    if not isinstance(privacy_unit, str) or not privacy_unit:
+        raise ValueError(f"privacy_unit={privacy_unit!r} must be a non-empty string "
+                         f"(e.g. one of {list(PRIVACY_UNITS)})")
     if clip_norm is not None:
         _check_positive("clip_norm", clip_norm)
     steps = _check_int("steps", steps, minimum=0)
     if epsilon is None:
         epsilon = spec.epsilon(steps) if steps else 0.0
-    note = SHUFFLE_NOTE if spec.sampling == "shuffle" else (
+    unit_note = (f" The privacy unit ({privacy_unit!r}) must be what the sampler draws and "
+                 "the clipper treats as ONE example (one dataset row); a unit spanning "
+                 "several rows is not covered.")
+    note = (SHUFFLE_NOTE if spec.sampling == "shuffle" else (
         "Poisson sampling; epsilon is an upper bound from dp_accounting "
         f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
-        f"{privacy_unit}s).")
+        f"{privacy_unit}s).")) + unit_note
     return {
         "epsilon": float(epsilon),
         "delta": float(spec.delta),
