@@ -1,0 +1,95 @@
+"""Documents of sentences from every corpus kind, for BERT pretraining.
+
+A ``Document`` is what BERT's instance creation consumes: an ordered list of sentences from one
+source document, plus the SUBJECT_ID of its patient when known (privacy unit "patient") and a
+stable key (ROW_ID for notes; the ordinal in the stream for text corpora).
+
+Sources:
+  * plain text (``corpora.read_text_documents``: one sentence per line, blank line between
+    documents, ``.gz`` allowed);
+  * MIMIC-III NOTEEVENTS (``corpora.read_noteevents``): one note = one document, sentences from
+    ``sentences.split_sentences``;
+  * synthetic notes (``synthetic_notes.generate_notes``), same treatment as NOTEEVENTS;
+  * TFDS data sources (``tfds_data.tfds_documents``), including the NOTEEVENTS TFDS builder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+from data_pipelines import corpora, sentences
+
+NO_SUBJECT = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    """One document.
+
+    Attributes:
+      sentences: the sentences, in order (strings, not yet tokenized).
+      subject_id: the patient's SUBJECT_ID, or ``NO_SUBJECT`` (-1) when unknown.
+      key: a stable key of the document in its source (ROW_ID, or stream ordinal).
+    """
+
+    sentences: list[str]
+    subject_id: int = NO_SUBJECT
+    key: int = -1
+
+
+class CorpusNotFoundError(FileNotFoundError):
+    """A configured corpus file or directory does not exist."""
+
+
+def check_paths(paths: Sequence[str], what: str) -> list[str]:
+    """Checks that every path exists; raises ONE error naming all missing ones."""
+    if not paths:
+        raise CorpusNotFoundError(f"no corpus path given for {what} (set data.paths)")
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise CorpusNotFoundError(f"{what} corpus file(s) not found: {', '.join(missing)}")
+    return [os.path.abspath(p) for p in paths]
+
+
+def text_documents(paths: Sequence[str],
+                   stats: list[corpora.ReadStats] | None = None) -> Iterator[Document]:
+    """Documents of BERT-format text files, in file order; keys count documents across files."""
+    key = 0
+    for path in paths:
+        st = corpora.ReadStats()
+        if stats is not None:
+            stats.append(st)
+        for sents in corpora.read_text_documents(path, st):
+            yield Document(sentences=sents, subject_id=NO_SUBJECT, key=key)
+            key += 1
+
+
+def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] = (),
+                   max_sentence_chars: int = 1000) -> Iterator[Document]:
+    """One document per note (optionally only the given CATEGORY values), sentence-split."""
+    wanted = {c.strip().lower() for c in categories}
+    for note in notes:
+        if wanted and note.category.strip().lower() not in wanted:
+            continue
+        sents = sentences.split_sentences(note.text, max_chars=max_sentence_chars)
+        if sents:
+            yield Document(sentences=sents, subject_id=note.subject_id, key=note.row_id)
+
+
+def noteevents_documents(path: str, *, categories: Sequence[str] = (),
+                         max_sentence_chars: int = 1000,
+                         stats: corpora.ReadStats | None = None) -> Iterator[Document]:
+    """Documents of a MIMIC-III NOTEEVENTS.csv(.gz) (bad rows counted and skipped)."""
+    return note_documents(corpora.read_noteevents(path, stats), categories=categories,
+                          max_sentence_chars=max_sentence_chars)
+
+
+def synthetic_documents(num_notes: int, *, seed: int = 0,
+                        max_sentence_chars: int = 1000) -> Iterator[Document]:
+    """Documents of ``num_notes`` synthetic clinical notes."""
+    from data_pipelines import synthetic_notes  # noqa: PLC0415 - keeps imports light
+
+    return note_documents(synthetic_notes.generate_notes(num_notes, seed=seed),
+                          max_sentence_chars=max_sentence_chars)

@@ -1,0 +1,112 @@
+"""Orbax checkpoints of the whole training state, with a config-compatibility check.
+
+A checkpoint holds two items:
+
+* `state`: the jitted train state pytree (parameters, optimizer state, DP accumulator, step,
+  RNG key), saved asynchronously and restored straight into its shardings;
+* `meta`: JSON — the host-side state that makes a resumed run bitwise identical to an
+  uninterrupted one (sampler / data-iterator state, privacy accountant state), plus the config
+  fields that define the run, so a checkpoint from an incompatible config is refused with a
+  message naming the fields that differ.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+from typing import Any, Iterable, Mapping
+
+import jax
+import orbax.checkpoint as ocp
+
+logger = logging.getLogger(__name__)
+
+# Config sections that may change between a run and its resumption (bookkeeping, not the
+# computation): how often to log/evaluate/checkpoint, how long to train, where data lives.
+RESUMABLE_FIELDS = (
+    "train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
+    "checkpoint.every_steps", "checkpoint.max_to_keep", "checkpoint.async_save",
+    "train.export_hf", "dp.target_epsilon",
+)
+
+
+class IncompatibleCheckpointError(ValueError):
+    """The workdir holds a checkpoint written under a different config."""
+
+
+def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_config(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def run_signature(config_dict: Mapping[str, Any],
+                  ignore: Iterable[str] = RESUMABLE_FIELDS) -> dict[str, Any]:
+    """The flattened config minus the fields a resumed run may change (JSON-normalised)."""
+    ignored = set(ignore)
+    flat = flatten_config(config_dict)
+    return json.loads(json.dumps({k: v for k, v in flat.items() if k not in ignored},
+                                 default=str))
+
+
+def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
+    """Raises IncompatibleCheckpointError naming every field that differs."""
+    keys = sorted(set(saved) | set(current))
+    diffs = [f"{k}: checkpoint={saved.get(k, '<absent>')!r} config={current.get(k, '<absent>')!r}"
+             for k in keys if saved.get(k, "<absent>") != current.get(k, "<absent>")]
+    if diffs:
+        raise IncompatibleCheckpointError(
+            f"{where} holds a checkpoint from a different config; refusing to resume it. "
+            "Use a fresh --workdir, or restore the original config. Differences:\n  "
+            + "\n  ".join(diffs))
+
+
+class Checkpointer:
+    """Thin wrapper over `orbax.checkpoint.CheckpointManager` for dpbert train states."""
+
+    def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
+                 async_save: bool = True):
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> None:
+        """Saves asynchronously (returns once the arrays are copied off the devices)."""
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))), force=True)
+
+    def read_meta(self, step: int) -> dict[str, Any]:
+        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Restores `state` into the shapes/dtypes/shardings of `abstract_state`."""
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+        return out["state"], dict(out["meta"])
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def abstract_like(state: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) of a live state, the target for a restore."""
+    return jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
