@@ -244,6 +244,24 @@ class AccountingSpec:
                     f"accountant={self.accountant!r} cannot account truncated Poisson "
                     f"sampling (max_batch_size={self.max_batch_size}); use accountant='pld'")
 
+    @classmethod
+    def from_sampler(cls, sampler: Any, *, noise_multiplier: float, delta: float,
+                     noise_mode: str = "global", num_shards: int = 1,
+                     accountant: str = "pld") -> "AccountingSpec":
+        """The spec of a run fed by a `dpbert.dp.sampling` sampler.
+
+        Takes sampling, N, expected batch size and, for Poisson sampling, the
+        sampler's truncation size (calls_per_batch * physical_batch_size) from the
+        sampler itself, so the accounted mechanism is the one really run.
+        """
+        max_batch = getattr(sampler, "max_batch_size", None)
+        truncates = sampler.sampling == "poisson" and max_batch < sampler.num_examples
+        return cls(noise_multiplier=noise_multiplier,
+                   expected_batch_size=sampler.expected_batch_size,
+                   num_examples=sampler.num_examples, delta=delta, sampling=sampler.sampling,
+                   noise_mode=noise_mode, num_shards=num_shards,
+                   max_batch_size=max_batch if truncates else None, accountant=accountant)
+
     @property
     def q(self) -> float:
         return sampling_probability(self.expected_batch_size, self.num_examples)
