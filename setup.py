@@ -20,6 +20,8 @@ INSTALL_REQUIRES = [
     "numpy>=1.26,<3",
     "tensorboardX>=2.6,<3",
     "tqdm>=4.66,<5",
+    # Plots of launch/analyze_dchi.py (imported lazily).
+    "matplotlib>=3.8,<4",
 ]
 
 TEST_REQUIRES = [
