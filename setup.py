@@ -18,6 +18,7 @@ INSTALL_REQUIRES = [
     "tensorflow-datasets>=4.9.8,<4.10",
     "grain>=0.2.12,<0.3",
     "numpy>=1.26,<3",
+    "scipy>=1.11,<2",
     "tensorboardX>=2.6,<3",
     "tqdm>=4.66,<5",
     # Plots of launch/analyze_dchi.py (imported lazily).
@@ -30,7 +31,6 @@ TEST_REQUIRES = [
     # other torch requirement resolves to a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers>=5,<6",
-    "scipy>=1.11,<2",
 ]
 
 setuptools.setup(

@@ -24,14 +24,19 @@ Mechanism accounted (one *logical* step = one noise draw = one optimizer update)
 ``noise_mode="per_shard"`` (TF CrossShardOptimizer behaviour, Hoory et al. 2021
 Eq. 3).
 
-PLD discretization.  Reported epsilons use ``dp_accounting``'s default PLD grid
+PLD discretization.  Every epsilon uses ``dp_accounting``'s default PLD grid
 (``value_discretization_interval=1e-4``, pessimistic, so every epsilon is an
-upper bound).  Calibration searches on a coarser pessimistic grid
-(`CALIBRATION_PLD_DISCRETIZATION`) for speed (< 5 s at 1,000,000 steps) and then
-verifies the answer once on the reporting grid, so a calibrated sigma never
-reports more than the target epsilon.  The coarse grid only over-estimates
-epsilon, so the calibrated sigma is conservative: measured within 0.5 % of a
-calibration on a 10x finer grid (tests/dpbert/dp/test_accounting.py).
+upper bound), so reported numbers agree with a plain `PLDAccountant()`.
+Calibration (`calibrate_noise_multiplier`) and the step budget
+(`max_steps_within_budget`) search with dp_accounting's PLD objects directly
+(same grid, single-step PLD cached, see `_fast_pld_epsilon`) starting from an
+RDP estimate, then verify the answer with a fresh accountant exactly as
+`compute_epsilon` does: a calibrated sigma never reports more than its target,
+and a budget never allows a step beyond it.  Calibration at 1,000,000 steps
+takes about 1-3 s.  Measured accuracy of the default grid: the epsilon of a
+calibrated sigma re-evaluated on a 10x finer grid is at most 1 % below the
+target (tests/dpbert/dp/test_accounting.py; 7.9925 for target 8 at 1M steps in
+BENCHMARKS.md), i.e. the grid costs at most ~1 % extra noise.
 """
 
 from __future__ import annotations
@@ -51,16 +56,12 @@ from dp_accounting.rdp import rdp_privacy_accountant
 ACCOUNTANTS = ("pld", "rdp")
 SAMPLING_MODES = ("poisson", "shuffle")
 NOISE_MODES = ("global", "per_shard")
+# Usual privacy units ("example" = one pretraining sequence); any name is accepted.
 PRIVACY_UNITS = ("example", "patient", "document")
 
 # dp_accounting's own default grid; reported epsilons use it so they agree with a
 # plain `PLDAccountant()` computation.
 DEFAULT_PLD_DISCRETIZATION = 1e-4
-# Coarser grid for the root searches (calibration, budget).  At 1M steps one PLD
-# evaluation takes ~0.1-0.2 s here versus ~0.3-0.7 s on the default grid; the
-# pessimistic rounding over-estimates epsilon by ~1 % at 1M steps (less for
-# fewer steps), which only makes the search conservative.
-CALIBRATION_PLD_DISCRETIZATION = 3e-4
 # Relative tolerance of calibrated noise multipliers.
 CALIBRATION_RTOL = 1e-3
 
@@ -243,6 +244,24 @@ class AccountingSpec:
                     f"accountant={self.accountant!r} cannot account truncated Poisson "
                     f"sampling (max_batch_size={self.max_batch_size}); use accountant='pld'")
 
+    @classmethod
+    def from_sampler(cls, sampler: Any, *, noise_multiplier: float, delta: float,
+                     noise_mode: str = "global", num_shards: int = 1,
+                     accountant: str = "pld") -> "AccountingSpec":
+        """The spec of a run fed by a `dpbert.dp.sampling` sampler.
+
+        Takes sampling, N, expected batch size and, for Poisson sampling, the
+        sampler's truncation size (calls_per_batch * physical_batch_size) from the
+        sampler itself, so the accounted mechanism is the one really run.
+        """
+        max_batch = getattr(sampler, "max_batch_size", None)
+        truncates = sampler.sampling == "poisson" and max_batch < sampler.num_examples
+        return cls(noise_multiplier=noise_multiplier,
+                   expected_batch_size=sampler.expected_batch_size,
+                   num_examples=sampler.num_examples, delta=delta, sampling=sampler.sampling,
+                   noise_mode=noise_mode, num_shards=num_shards,
+                   max_batch_size=max_batch if truncates else None, accountant=accountant)
+
     @property
     def q(self) -> float:
         return sampling_probability(self.expected_batch_size, self.num_examples)
@@ -340,15 +359,10 @@ def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float
        evaluation) gives a starting point (RDP is looser, so it over-estimates).
     2. Brent's method on log(epsilon) versus log(sigma) (nearly linear) with the
        PLD on the reporting grid, typically 4-6 evaluations.
-    3. The answer is verified with a fresh dp_accounting accountant exactly as
-       `compute_epsilon` does, and nudged up by factors (1 + rtol) if needed.
+    The caller verifies the answer with the real accountant (`_round_up`).
     """
     q, delta = spec.q, spec.delta
     truncated = spec.max_batch_size is not None and spec.max_batch_size < spec.num_examples
-
-    def reported_ok(sigma_eff: float) -> bool:
-        return spec.replace(noise_multiplier=sigma_eff, noise_mode="global",
-                            num_shards=1).epsilon(steps) <= target_epsilon
 
     if spec.accountant == "rdp" or not truncated:
         start = float(dp_accounting.calibrate_dp_mechanism(
@@ -357,7 +371,7 @@ def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float
             bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
             tol=1e-6 if spec.accountant == "rdp" else 1e-4))
         if spec.accountant == "rdp":
-            return _round_up(start, rtol, reported_ok)
+            return start
     else:  # RDP cannot account truncation: start from plain Poisson via PLD.
         start = _calibrate_sigma_eff(spec.replace(max_batch_size=None), steps,
                                      target_epsilon, rtol)
@@ -380,8 +394,7 @@ def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float
     root = optimize.brentq(gap, lo, hi, xtol=rtol / 4)
     # brentq's root may sit on either side; take the safe end within tolerance.
     candidates = [x for x in (root, root + rtol / 4, hi) if gap(x) <= 0]
-    sigma = math.exp(min(candidates))
-    return _round_up(sigma, rtol, reported_ok)
+    return math.exp(min(candidates))
 
 
 def _round_up(sigma: float, rtol: float, ok) -> float:
@@ -414,7 +427,11 @@ def calibrate_noise_multiplier(*, target_epsilon: float, expected_batch_size: fl
                           noise_mode=noise_mode, num_shards=num_shards,
                           max_batch_size=max_batch_size, accountant=accountant)
     sigma_eff = _calibrate_sigma_eff(spec, steps, target_epsilon, rtol)
-    return sigma_eff / (effective_noise_multiplier(1.0, noise_mode, num_shards))
+    sigma = sigma_eff / effective_noise_multiplier(1.0, noise_mode, num_shards)
+    # Verified exactly as `compute_epsilon` will compute it (a fresh dp_accounting
+    # accountant, the configured sigma), nudged up by factors (1 + rtol) if needed.
+    return _round_up(sigma, rtol, lambda s: spec.replace(noise_multiplier=s).epsilon(steps)
+                     <= target_epsilon)
 
 
 def scale_noise_multiplier_sqrt(noise_multiplier: float, old_batch_size: float,
@@ -601,6 +618,9 @@ class PrivacyBudget:
                 raise ValueError(
                     f"privacy budget checkpoint has {key}={saved!r} but this run has "
                     f"{key}={value!r}; changing privacy parameters mid-run is not supported")
+        # Keep the smaller limit if this run computes a different one (e.g. after a
+        # dp_accounting upgrade): a resumed run never goes beyond either.
+        self.max_steps = min(self.max_steps, int(state["max_steps"]))
         steps = int(state["steps_taken"])
         if steps > self.max_steps:
             raise ValueError(f"checkpoint steps_taken={steps} exceeds max_steps={self.max_steps}")
@@ -620,7 +640,8 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
       spec: accounting parameters.
       steps: logical steps (noise draws) taken.
       clip_norm: C (None when unknown, e.g. in the CLI).
-      privacy_unit: what one "example" is ("example" = one sequence, "patient", ...).
+      privacy_unit: what one "example" is ("example" = one sequence, "patient", ...);
+        the neighbouring relation adds or removes one such unit.
       epsilon: precomputed epsilon (else computed with `spec`).
 
     Returns:
@@ -629,16 +650,21 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
       max_batch_size, num_examples, steps, accountant, privacy_unit, noise_mode,
       num_shards, proven_bound and note.
     """
-    _check_choice("privacy_unit", privacy_unit, PRIVACY_UNITS)
+    if not isinstance(privacy_unit, str) or not privacy_unit:
+        raise ValueError(f"privacy_unit={privacy_unit!r} must be a non-empty string "
+                         f"(e.g. one of {list(PRIVACY_UNITS)})")
     if clip_norm is not None:
         _check_positive("clip_norm", clip_norm)
     steps = _check_int("steps", steps, minimum=0)
     if epsilon is None:
         epsilon = spec.epsilon(steps) if steps else 0.0
-    note = SHUFFLE_NOTE if spec.sampling == "shuffle" else (
+    unit_note = (f" The privacy unit ({privacy_unit!r}) must be what the sampler draws and "
+                 "the clipper treats as ONE example (one dataset row); a unit spanning "
+                 "several rows is not covered.")
+    note = (SHUFFLE_NOTE if spec.sampling == "shuffle" else (
         "Poisson sampling; epsilon is an upper bound from dp_accounting "
         f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
-        f"{privacy_unit}s).")
+        f"{privacy_unit}s).")) + unit_note
     return {
         "epsilon": float(epsilon),
         "delta": float(spec.delta),

@@ -27,9 +27,24 @@ Randomness is owned by the state (`DPState.rng`, a raw uint32[2] key):
   noise of logical batch t, leaf i:         fold_in(fold_in(fold_in(rng, 1), t), i)
 so noise keys never repeat across steps or leaves and never equal a dropout key.
 
-Sharding: give `DPState.grad_acc` the params' sharding (it has their structure);
-counters and rng are replicated scalars.  Set `DPConfig.num_shards` to the size
-of the data axis; `microbatch_size` is global (see `dpbert.dp.clipping`).
+Sharding: `DPAggregator.state_sharding(param_shardings, replicated)` gives the
+state's shardings (grad_acc like the params, counters and rng replicated) for the
+jit's in/out shardings.  Set `DPConfig.num_shards` to the number of devices the
+batch is split over (`dpbert.sharding.num_batch_shards(mesh)`); `microbatch_size`
+is global (see `dpbert.dp.clipping`).
+
+Typical wiring (training loop, issue 4)::
+
+    agg = DPAggregator(DPConfig.from_config(config.dp), loss_fn, optimizer,
+                       trainable=trainable)
+    step = jax.jit(agg.update, donate_argnums=(0, 1, 2),
+                   out_shardings=(p_sh, o_sh, agg.state_sharding(p_sh, rep), rep))
+    while budget.may_take_step():                      # dpbert.dp.accounting
+        for _ in range(config.dp.accumulation_steps):  # one logical batch
+            indices, mask = next(sampler)               # dpbert.dp.sampling
+            params, opt_state, dp_state, metrics = step(dp_state, params, opt_state,
+                                                        load(indices), mask)
+        budget.record_step()                            # one noise draw was added
 """
 
 from __future__ import annotations
@@ -69,7 +84,10 @@ class DPConfig:
       accumulation_steps: jitted calls per logical batch (>= 1).
       noise_mode: "global" (total std sigma*C whatever the number of shards) or
         "per_shard" (TF CrossShardOptimizer compatible, std sigma*C*sqrt(P)).
-      num_shards: P, size of the mesh's data axis.
+      num_shards: P, the number of devices the batch axis is split over
+        (`dpbert.sharding.num_batch_shards(mesh)`, i.e. data x fsdp on dpbert's mesh).
+        It sets the microbatch layout (one partial sum per shard) and, with
+        noise_mode="per_shard", the noise std and the accounted sigma * sqrt(P).
     """
 
     clip_norm: float
@@ -219,7 +237,10 @@ class DPAggregator:
         Returns:
           (params, opt_state, state, metrics): params/opt_state updated only when
           this call completes a logical batch; metrics are float32 [] batch totals
-          of the loss's metric sums plus "num_nonfinite" (int32 []).
+          of the loss's metric sums plus "num_nonfinite" (int32 []).  They are
+          exact (un-noised) totals over private examples, outside the DP
+          guarantee: fine for debugging, but a published training curve should
+          come from public or held-out data.
         """
         grad_sum, metrics, nonfinite = self.clipper.clipped_sum(
             self.loss_fn, params, batch, mask, self.example_key(state),

@@ -19,7 +19,8 @@ q = expected_batch_size / num_examples.  A logical batch can hold at most
 ``max_batch_size = calls_per_batch * physical_batch_size`` examples; a larger
 Poisson sample is cut to a uniformly random subset of that size.  This is
 exactly dp_accounting's `TruncatedSubsampledGaussianDpEvent`, which the report
-uses (`accounting.AccountingSpec(max_batch_size=...)`); pick the capacity with
+uses (build the spec with `accounting.AccountingSpec.from_sampler(sampler, ...)`
+so the truncation is never forgotten); pick the capacity with
 `capacity_for_overflow_probability` so that truncation practically never
 happens and the epsilon equals the untruncated one.
 

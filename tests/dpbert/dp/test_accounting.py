@@ -244,3 +244,16 @@ def test_budget_zero_when_one_step_exceeds_target():
                                      num_examples=100_000, delta=1e-6)
     budget = accounting.PrivacyBudget(spec, target_epsilon=0.01)
     assert budget.max_steps == 0 and not budget.may_take_step()
+
+
+def test_spec_from_sampler_accounts_the_sampler_truncation():
+    from dpbert.dp import sampling
+    poisson = sampling.PoissonSampler(100_000, 1000.0, physical_batch_size=300,
+                                      calls_per_batch=4)
+    spec = accounting.AccountingSpec.from_sampler(poisson, noise_multiplier=1.0, delta=1e-6)
+    assert spec.max_batch_size == 1200 and spec.sampling == "poisson"
+    assert spec.expected_batch_size == 1000.0 and spec.num_examples == 100_000
+    shuffle = sampling.ShuffleSampler(100_000, physical_batch_size=250, calls_per_batch=4)
+    spec = accounting.AccountingSpec.from_sampler(shuffle, noise_multiplier=1.0, delta=1e-6)
+    assert spec.max_batch_size is None and spec.sampling == "shuffle"
+    assert not spec.proven_bound

@@ -23,9 +23,9 @@ def bert():
     config = model_lib.BertConfig.preset("tiny", VOCAB, max_position_embeddings=32)
     graphdef, params = nnx.split(model_lib.create_model(config, seed=0))
     loss_fn = losses.make_pretraining_loss(graphdef)
-    batch = helpers.bert_batch(8, VOCAB)
-    mask = np.ones(8, bool)
-    mask[[4, 7]] = False  # two padding slots
+    batch = helpers.bert_batch(16, VOCAB)
+    mask = np.ones(16, bool)
+    mask[[4, 7, 13]] = False  # three padding slots
     # The keys the aggregator gives logical step 0 (rng seed 0), used everywhere here.
     probe = accumulation.DPAggregator(
         accumulation.DPConfig(clip_norm=1.0, noise_multiplier=0.0, expected_batch_size=1.0),
@@ -36,32 +36,44 @@ def bert():
 
 
 def _median_clip(per_example, params, trainable=None) -> float:
-    """C between the 3rd and 4th of 6 unclipped norms: half get clipped, half not."""
+    """C = the median of the 13 unclipped norms: 6 above it get clipped, 6 below do not."""
     _, _, norms = helpers.clip_and_sum(per_example, params, math.inf, trainable)
     return float(np.median(norms))
 
 
-def test_clipped_sum_matches_per_example_loop(bert):
+def test_per_example_clipping_matches_per_example_loop(bert):
+    """The engine's per-example clipped gradients: norms <= C and sum == brute force."""
     params, loss_fn, batch, mask, key, per_example = bert
     c = _median_clip(per_example, params)
-    ref, ref_metrics, norms = helpers.clip_and_sum(per_example, params, c)
-    assert max(norms) <= c * (1 + 1e-6)
-    assert sum(n > c * (1 - 1e-6) for n in norms) == 3  # 3 clipped, 3 not
-    clipper = clipping.VmapClipper(c, microbatch_size=2)
-    grads, metrics, nonfinite = jax.jit(
-        lambda p, b, m: clipper.clipped_sum(loss_fn, p, b, m, key))(params, batch, mask)
-    helpers.assert_trees_close(grads, ref, rtol=1e-6, atol_frac=1e-6)
-    assert int(nonfinite) == 0
+    ref, ref_metrics, ref_norms = helpers.clip_and_sum(per_example, params, c)
+    assert sum(n > c * (1 + 1e-6) for n in helpers.clip_and_sum(
+        per_example, params, math.inf)[2]) == 6  # 6 of 13 get clipped
+    clipper = clipping.VmapClipper(c)
+    positions = jnp.arange(16, dtype=jnp.int32)
+    clipped, metrics, nonfinite = jax.jit(
+        lambda p, b, m: clipper.per_example_clipped(loss_fn, p, b, m, key, positions))(
+            params, batch, mask)
+    norms = np.sqrt(sum(np.sum(np.square(np.asarray(g, np.float64)).reshape(16, -1), axis=1)
+                        for g in clipped))
+    assert np.all(norms <= c * (1 + 1e-6)), norms
+    # At the bound: the 6 clipped examples and the median one (norm exactly C).
+    assert np.sum(norms > c * (1 - 1e-6)) == 7 and np.all(norms[~mask] == 0)
+    flags = jax.tree.leaves(trees.resolve_trainable_mask(params, None))
+    it = iter(clipped)
+    total = jax.tree.unflatten(jax.tree.structure(params),
+                               [np.asarray(next(it)).sum(0) for _ in flags])
+    helpers.assert_trees_close(total, ref, rtol=1e-6, atol_frac=1e-6)
+    assert not np.any(np.asarray(nonfinite))
     assert set(metrics) == {"mlm_loss_sum", "mlm_correct", "mlm_weight", "nsp_loss",
                             "nsp_correct", "count"}
     for k, v in ref_metrics.items():
-        assert metrics[k].shape == ()
-        np.testing.assert_allclose(float(metrics[k]), v, rtol=1e-5)
-    assert float(metrics["count"]) == mask.sum()
+        np.testing.assert_allclose(float(np.sum(metrics[k])), v, rtol=1e-5)
+    assert float(np.sum(metrics["count"])) == mask.sum()
 
 
 def test_aggregator_on_mesh_with_frozen_word_embedding(bert):
-    """One logical batch in 2 calls on a (data=2, fsdp=2) mesh, noise on, embedding frozen.
+    """One logical batch in 2 calls of 8 on a (data=2, fsdp=2) mesh, 2 microbatches of 4
+    per call, noise on, word embedding frozen.
 
     Expected result, computed without the mesh: sgd+decay step on
     (brute-force clipped sum + the step's noise) / expected_batch_size.
@@ -70,7 +82,7 @@ def test_aggregator_on_mesh_with_frozen_word_embedding(bert):
     c = _median_clip(per_example, params, FROZEN)
     ref, _, _ = helpers.clip_and_sum(per_example, params, c, FROZEN)
     mesh = sharding.make_mesh(data=2, fsdp=2, devices=jax.devices()[:4])
-    config = accumulation.DPConfig(clip_norm=c, noise_multiplier=0.7, expected_batch_size=5.0,
+    config = accumulation.DPConfig(clip_norm=c, noise_multiplier=0.7, expected_batch_size=12.0,
                                    microbatch_size=4, accumulation_steps=2,
                                    num_shards=sharding.num_batch_shards(mesh))
     opt_config = dict(name="sgd", learning_rate=0.1, warmup_steps=0, total_steps=10,
@@ -97,7 +109,7 @@ def test_aggregator_on_mesh_with_frozen_word_embedding(bert):
                            jax.device_put(opt_state, o_sh))
     step = jax.jit(agg.update, out_shardings=(p_sh, o_sh, s_sh, rep))
     for call in range(2):
-        half = slice(4 * call, 4 * call + 4)
+        half = slice(8 * call, 8 * call + 8)
         b = {k: jax.device_put(v[half], sharding.batch_sharding(mesh, v.ndim))
              for k, v in batch.items()}
         m = jax.device_put(mask[half], sharding.batch_sharding(mesh))
