@@ -111,7 +111,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         need(len(config.data.paths) > 0, "data.paths", f"is empty: give {what}")
         for path in config.data.paths:
             if not os.path.isfile(os.path.expanduser(path)):
-                raise ConfigError(f"config.data.paths: {path!r} does not exist (expected {what})")
+                raise ConfigError(
+                    f"config.data.paths: {path!r} does not exist (expected {what})")
     if config.dchi.mechanism != "none":
         need(bool(config.model.init_from_hf), "model.init_from_hf",
              "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")
@@ -281,7 +282,8 @@ class Plan:
     calls_per_batch: int
     noise_multiplier: float | None
     num_steps: int
-    spec: Any | None  # dp_lib.AccountingSpec, None without DP
+    sampler: Any  # a dpbert.dp sampler: (seed, call) -> padded indices + mask
+    spec: Any | None  # dp_lib.AccountingSpec of the mechanism really run; None without DP
     max_steps_by_budget: int | None
 
 
@@ -298,41 +300,53 @@ def make_plan(config: ml_collections.ConfigDict, num_examples: int, num_shards: 
         raise ConfigError(f"config.batch.expected_batch_size={b.expected_batch_size} exceeds the "
                           f"{num_examples} training examples")
     if not d.enabled:
-        return Plan(num_examples, num_shards, 1, None, config.train.num_steps, None, None)
+        sampler = dp_lib.make_sampler("shuffle", num_examples=num_examples,
+                                      expected_batch_size=b.physical_batch_size,
+                                      physical_batch_size=b.physical_batch_size, seed=config.seed)
+        return Plan(num_examples, num_shards, 1, None, config.train.num_steps, sampler, None,
+                    None)
     if d.delta >= 1.0 / num_examples:
         raise ConfigError(f"config.dp.delta={d.delta} must be < 1/N = {1.0 / num_examples:.3g} "
                           f"for the N={num_examples} training examples")
     if d.sampling == "poisson":
+        # Enough calls that a Poisson batch overflows (and is truncated, which is accounted)
+        # with probability <= overflow_probability per step.
         capacity = dp_lib.capacity_for_overflow_probability(
             num_examples, b.expected_batch_size, d.overflow_probability)
         calls = max(1, math.ceil(capacity / b.physical_batch_size))
-        max_batch = calls * b.physical_batch_size
-        max_batch = max_batch if max_batch < num_examples else None
     else:
         calls = round(b.expected_batch_size / b.physical_batch_size)
         if calls * b.physical_batch_size != b.expected_batch_size:
             raise ConfigError(f"config.batch.expected_batch_size={b.expected_batch_size} must be a "
                               f"multiple of batch.physical_batch_size with sampling='shuffle'")
-        max_batch = None
-    spec_kwargs = dict(expected_batch_size=b.expected_batch_size, num_examples=num_examples,
-                       delta=d.delta, sampling=d.sampling, noise_mode=d.noise_mode,
-                       num_shards=num_shards, max_batch_size=max_batch, accountant=d.accountant)
-    sigma = d.noise_multiplier
-    if sigma is None:
+    sampler = dp_lib.make_sampler(d.sampling, num_examples=num_examples,
+                                  expected_batch_size=b.expected_batch_size,
+                                  physical_batch_size=b.physical_batch_size,
+                                  calls_per_batch=calls, seed=config.seed)
+    # The accounted mechanism is read off the sampler (sampling, N, q, truncation size).
+    spec = dp_lib.AccountingSpec.from_sampler(
+        sampler, noise_multiplier=d.noise_multiplier or 1.0, delta=d.delta,
+        noise_mode=d.noise_mode, num_shards=num_shards, accountant=d.accountant)
+    if d.noise_multiplier is None:
         sigma = dp_lib.calibrate_noise_multiplier(
-            target_epsilon=d.target_epsilon, steps=config.train.num_steps, **spec_kwargs)
+            target_epsilon=d.target_epsilon, steps=config.train.num_steps,
+            expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
+            delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
+            noise_mode=spec.noise_mode, num_shards=spec.num_shards,
+            max_batch_size=spec.max_batch_size)
         logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps", sigma,
                      d.target_epsilon, config.train.num_steps)
-    spec = dp_lib.AccountingSpec(noise_multiplier=sigma, **spec_kwargs)
+        spec = spec.replace(noise_multiplier=sigma)
     num_steps, by_budget = config.train.num_steps, None
     if d.target_epsilon is not None:
         by_budget = dp_lib.max_steps_within_budget(spec, d.target_epsilon,
                                                    upper_limit=max(num_steps, 1))
         num_steps = min(num_steps, by_budget)
         if num_steps == 0:
-            raise ConfigError(f"config.dp.target_epsilon={d.target_epsilon}: not even one step fits "
-                              f"the budget with noise multiplier {sigma}")
-    return Plan(num_examples, num_shards, calls, sigma, num_steps, spec, by_budget)
+            raise ConfigError(f"config.dp.target_epsilon={d.target_epsilon}: not even one step "
+                              f"fits the budget with noise multiplier {spec.noise_multiplier}")
+    return Plan(num_examples, num_shards, calls, spec.noise_multiplier, num_steps, sampler, spec,
+                by_budget)
 
 
 # ---------------------------------------------------------------------------------- updaters
@@ -483,6 +497,10 @@ def _report(plan: Plan, config, steps: int, vocab_report: dict | None,
         report["dp"] = True
         report["target_epsilon"] = config.dp.target_epsilon
         report["stopped_by_budget"] = stopped_by_budget
+        report["not_covered"] = (
+            "Training and held-out metrics (metrics.jsonl, TensorBoard, the console) are exact "
+            "aggregates over batches of the private data, not privatized: epsilon does not "
+            "cover them. Share the model and this report, not the logs.")
     if vocab_report is not None:
         keep = ("dp", "epsilon", "delta", "max_words_per_example", "example_definition",
                 "mechanism", "accounting")
@@ -543,15 +561,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                             accumulation_steps=plan.calls_per_batch,
                             noise_mode=config.dp.noise_mode, num_shards=plan.num_shards),
             loss_fn, optimizer, trainable=trainable)
-        sampler = dp_lib.make_sampler(config.dp.sampling, num_examples=plan.num_examples,
-                                      expected_batch_size=b.expected_batch_size,
-                                      physical_batch_size=b.physical_batch_size,
-                                      calls_per_batch=plan.calls_per_batch, seed=config.seed)
     else:
         updater = PublicUpdater(loss_fn, optimizer)
-        sampler = dp_lib.make_sampler("shuffle", num_examples=plan.num_examples,
-                                      expected_batch_size=b.physical_batch_size,
-                                      physical_batch_size=b.physical_batch_size, seed=config.seed)
+    sampler = plan.sampler
 
     shardings_tree = state_shardings(
         TrainState(params, jax.eval_shape(optimizer.init, params),
@@ -614,6 +626,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         return local, mask[rows]
 
     writer = metrics_lib.MetricWriter(workdir)
+    initial_eval = {}
+    if eval_ds is not None and start_step == 0 and config.train.eval_every:
+        # The untrained model's held-out numbers, so the log shows what training changed.
+        initial_eval = evaluate(eval_fn, state.params, eval_ds, config, mesh, privatizer)
+        writer.write(0, initial_eval)
     progress = metrics_lib.Progress(plan.num_steps, start_step)
     step = start_step
     stopped_by_budget = False
@@ -635,9 +652,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     with _Preempted() as preempted:
         try:
             while step < plan.num_steps:
-                if budget is not None and not budget.may_take_step():
-                    stopped_by_budget = True
-                    break
                 for _ in range(plan.calls_per_batch):
                     local, local_mask = next(batches)
                     batch = sharding.make_global_batch(local, mesh, b.physical_batch_size)
@@ -659,13 +673,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     scalars["perf/tokens_per_sec"] = (scalars["perf/examples_per_sec"]
                                                       * data_config.max_seq_length)
                     if plan.spec is not None:
-                        scalars["privacy/epsilon"] = plan.spec.epsilon(step)
+                        scalars["privacy/epsilon"] = dp_lib.progress_epsilon(plan.spec, step)
                     writer.write(step, scalars)
                     progress.report(step, scalars)
                     totals, t_last, steps_since = None, time.time(), 0
                 if eval_ds is not None and config.train.eval_every and \
                         step % config.train.eval_every == 0 and step < plan.num_steps:
-                    writer.write(step, evaluate(eval_fn, state.params, eval_ds, config, mesh, privatizer))
+                    writer.write(step, evaluate(eval_fn, state.params, eval_ds, config, mesh,
+                                                privatizer))
                 if config.checkpoint.every_steps and step % config.checkpoint.every_steps == 0:
                     save(step)
                 if preempted.flag:
@@ -676,8 +691,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     raise SystemExit(143)
         finally:
             batches.close()
-    if budget is not None and not budget.may_take_step() and \
-            plan.max_steps_by_budget is not None and plan.max_steps_by_budget < \
+    # plan.num_steps is already capped by the budget; record_step() would refuse a step past it.
+    if plan.max_steps_by_budget is not None and step == plan.max_steps_by_budget < \
             config.train.num_steps:
         stopped_by_budget = True
         logging.warning("stopped at step %d of %d: one more step would exceed "
@@ -691,17 +706,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     ckpt.close()
     writer.close()
     report = _report(plan, config, step, vocab_report, stopped_by_budget)
-    if final_eval:
-        report["final_eval"] = final_eval
     _write_json(workdir / REPORT_FILE, report)
     if config.train.export_hf and _is_primary():
         _export(nnx.merge(graphdef, jax.device_get(state.params)), workdir / "hf",
                 json.loads((workdir / RUN_FILE).read_text()), report)
-    if plan.spec is not None and _is_primary():
-        print(f"done: {step} steps, epsilon = {report['epsilon']:.4f} at delta = "
-              f"{report['delta']:g} ({report['accountant']}, {report['sampling']} sampling)"
-              f"{' - stopped by the privacy budget' if stopped_by_budget else ''}", flush=True)
+    if _is_primary():
+        print(_summary_line(step, report, initial_eval, final_eval, stopped_by_budget),
+              flush=True)
     return report
+
+
+def _summary_line(step: int, report: dict, initial: dict, final: dict,
+                  stopped_by_budget: bool) -> str:
+    parts = [f"done: {step} steps"]
+    if final:
+        acc = f"held-out MLM accuracy {final['eval/mlm_accuracy']:.3f}"
+        if initial:
+            acc = (f"held-out MLM accuracy {initial['eval/mlm_accuracy']:.3f} -> "
+                   f"{final['eval/mlm_accuracy']:.3f} (loss {initial['eval/mlm_loss']:.2f} -> "
+                   f"{final['eval/mlm_loss']:.2f})")
+        parts.append(acc)
+    if report.get("dp"):
+        parts.append(f"epsilon = {report['epsilon']:.4f} at delta = {report['delta']:g} "
+                     f"({report['accountant']}, {report['sampling']} sampling)")
+        if stopped_by_budget:
+            parts.append("stopped by the privacy budget")
+    else:
+        parts.append("no differential privacy (dp.enabled=False)")
+    return " | ".join(parts)
 
 
 def _export(model: model_lib.BertForPreTraining, out: pathlib.Path, run: dict,

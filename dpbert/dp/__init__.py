@@ -16,7 +16,7 @@ _EXPORTS = {
     "accounting": ("ACCOUNTANTS", "AccountingSpec", "PrivacyBudget",
                    "calibrate_noise_multiplier", "compute_epsilon",
                    "effective_noise_multiplier", "make_dp_event", "max_steps_within_budget",
-                   "privacy_report", "recalibrate_for_batch_size",
+                   "privacy_report", "progress_epsilon", "recalibrate_for_batch_size",
                    "scale_noise_multiplier_sqrt"),
     "accumulation": ("DPAggregator", "DPConfig", "DPState"),
     "clipping": ("GradientClipper", "LossFn", "VmapClipper"),

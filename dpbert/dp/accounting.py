@@ -304,6 +304,20 @@ def compute_epsilon(*, noise_multiplier: float, expected_batch_size: float,
     return spec.epsilon(steps, pld_discretization=pld_discretization)
 
 
+def progress_epsilon(spec: AccountingSpec, steps: int) -> float:
+    """Epsilon for progress logs during a run (PLD specs: reuses the cached single-step PLD).
+
+    The same PLD composition as `spec.epsilon` (see `_fast_pld_epsilon`) without rebuilding
+    the single-step distribution at every call, which for truncated Poisson sampling costs
+    seconds. Reports and budgets use `spec.epsilon`, the accountant itself.
+    """
+    if steps <= 0:
+        return 0.0
+    if spec.accountant != "pld":
+        return spec.epsilon(steps)
+    return _fast_pld_epsilon(spec.effective_noise_multiplier, spec, steps)
+
+
 # ----------------------------------------------------------------------------
 # Calibration
 # ----------------------------------------------------------------------------
