@@ -282,7 +282,7 @@ class Plan:
     calls_per_batch: int
     noise_multiplier: float | None
     num_steps: int
-    sampler: Any  # a dpbert.dp sampler: (seed, call) -> padded indices + mask
+    sampler: Any = dataclasses.field(repr=False)  # (seed, call) -> padded indices + mask
     spec: Any | None  # dp_lib.AccountingSpec of the mechanism really run; None without DP
     max_steps_by_budget: int | None
 
@@ -582,9 +582,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     if latest is not None:
         state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
         sampler.load_state_dict(meta["sampler"])
-        if budget is not None:
-            budget.load_state_dict(meta["budget"])
         start_step = int(meta["step"])
+        if budget is not None:
+            # The limit is a pure function of the plan (the run may have been extended with a
+            # larger train.num_steps); only the count of steps taken carries over.
+            if start_step > budget.max_steps:
+                raise ConfigError(
+                    f"config.dp.target_epsilon={config.dp.target_epsilon}: the checkpoint at "
+                    f"step {start_step} already exceeds it (the budget allows "
+                    f"{budget.max_steps} steps)")
+            budget.load_state_dict({**budget.state_dict(), "steps_taken": start_step})
         logging.info("resumed from %s at step %d", ckpt.directory / str(latest), start_step)
 
     batch_sharding = sharding.batch_sharding(mesh)

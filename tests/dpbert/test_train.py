@@ -147,21 +147,31 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
     assert "differential privacy" in (tmp_path / "exp2" / "README.md").read_text()
 
 
+# Plan-only tests: a physical batch as large as N means no truncation, which keeps the
+# accountant fast (truncated Poisson accounting is covered in tests/dpbert/dp).
+UNTRUNCATED = {"batch.physical_batch_size": 1024, "batch.microbatch_size": None}
+
+
 def test_noise_multiplier_changes_epsilon_as_the_accountant_says(cache_dir):
     for sigma in (0.8, 1.6):
-        c = small_config(cache_dir, **{"dp.noise_multiplier": sigma, "train.num_steps": 50})
+        c = small_config(cache_dir, **{"dp.noise_multiplier": sigma, "train.num_steps": 50,
+                                       **UNTRUNCATED})
         plan = train.make_plan(c, num_examples=1000, num_shards=8)
         expected = dp_lib.compute_epsilon(
             noise_multiplier=sigma, expected_batch_size=16, num_examples=1000, steps=50,
-            delta=1e-4, max_batch_size=plan.spec.max_batch_size)
+            delta=1e-4)
+        assert plan.spec.max_batch_size is None
         assert plan.spec.epsilon(50) == pytest.approx(expected, rel=1e-12)
-    lo = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 1.6}), 1000, 8)
-    hi = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 0.8}), 1000, 8)
+    lo = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 1.6, **UNTRUNCATED}),
+                         1000, 8)
+    hi = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 0.8, **UNTRUNCATED}),
+                         1000, 8)
     assert lo.spec.epsilon(50) < hi.spec.epsilon(50)
 
 
 def test_budget_stops_at_last_step_within_target(cache_dir):
-    c = small_config(cache_dir, **{"train.num_steps": 1000, "dp.target_epsilon": None})
+    c = small_config(cache_dir, **{"train.num_steps": 1000, "dp.target_epsilon": None,
+                                   **UNTRUNCATED})
     eps_at = lambda t: train.make_plan(c, 1000, 8).spec.epsilon(t)
     target = (eps_at(300) + eps_at(301)) / 2
     c.dp.target_epsilon = target
@@ -172,7 +182,7 @@ def test_budget_stops_at_last_step_within_target(cache_dir):
 
 def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 3.0,
-                                   "train.num_steps": 200})
+                                   "train.num_steps": 200, **UNTRUNCATED})
     plan = train.make_plan(c, 1000, 8)
     assert plan.num_steps == 200
     assert plan.spec.epsilon(200) <= 3.0
