@@ -33,6 +33,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+import bench_report  # benchmarks/bench_report.py (the script's folder is on sys.path)
+
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Examples per step / per batch.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved measurement rounds.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Training steps timed per round.")
@@ -136,18 +138,6 @@ def _time_steps(step, state, batches, key) -> tuple[float, tuple]:
     return n / (time.perf_counter() - t0), (params, opt_state)
 
 
-def _write_section(text: str) -> None:
-    path = REPO / "BENCHMARKS.md"
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + ("" if end < 0 else old[end + 1:])
-    path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")
-
-
 def main(argv):
     del argv
     import jax  # noqa: PLC0415
@@ -222,7 +212,7 @@ takes CPU from XLA).
 """
     print(text)
     if _WRITE.value:
-        _write_section(text)
+        bench_report.write_section(SECTION, text)
         print(f"updated {REPO / 'BENCHMARKS.md'}")
 
 

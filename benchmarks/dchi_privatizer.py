@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 from absl import app, flags
 
+import bench_report  # benchmarks/bench_report.py (the script's folder is on sys.path)
+
 _EMBEDDINGS = flags.DEFINE_string("embeddings", None, "HF BERT folder for φ (default: MiniLM "
                                   "if installed, else a random 30522 x 384 table).")
 _BATCH = flags.DEFINE_integer("batch", 32, "Examples per batch.")
@@ -152,21 +154,6 @@ def machine() -> str:
             f"load average {load:.1f}").replace("  ", " ")
 
 
-def update_markdown(text: str) -> None:
-    path = REPO / "BENCHMARKS.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        # Replace up to the next section or `###` subsection (hand-written notes are kept).
-        ends = [e for e in (old.find("\n## ", start + 1), old.find("\n### ", start + 1))
-                if e >= 0]
-        end = min(ends) if ends else -1
-        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
-    path.write_text(new)
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -224,7 +211,7 @@ def main(argv):
     text = "\n".join(lines) + "\n"
     print(text)
     if _UPDATE_MD.value:
-        update_markdown(text)
+        bench_report.write_section(SECTION, text, keep_subsections=True)
         print(f"updated {REPO / 'BENCHMARKS.md'}", file=sys.stderr)
 
 

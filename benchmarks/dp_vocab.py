@@ -28,6 +28,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+import bench_report  # benchmarks/bench_report.py (the script's folder is on sys.path)
+
 from data_pipelines import corpora, dp_vocab
 
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Interleaved timing repetitions.")
@@ -154,19 +156,8 @@ def main(argv: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if _WRITE.value:
-        _write_section(REPO / "BENCHMARKS.md", text)
+        bench_report.write_section(SECTION, text)
 
-
-def _write_section(path: pathlib.Path, section: str) -> None:
-    """Replaces (or appends) the ``## DP vocabulary`` section of BENCHMARKS.md."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + section
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + section + (old[end + 1:] if end >= 0 else "")
-    path.write_text(new, encoding="utf-8")
 
 
 if __name__ == "__main__":

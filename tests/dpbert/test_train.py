@@ -29,38 +29,35 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("train_cache")
 
 
-def small_config(cache_dir: pathlib.Path, **overrides):
-    """The demo config shrunk to seconds: 48 synthetic notes, seq 32, 4 steps."""
-    c = demo_dp.get_config()
-    c.data.synthetic_num_notes = 48
-    c.data.max_seq_length = 32
-    c.data.max_predictions_per_seq = 5
-    c.data.eval_fraction = 0.1
-    c.data.cache_dir = str(cache_dir / "instances")
-    c.vocab.size = 1000
-    c.model.max_position_embeddings = 32
-    c.batch.expected_batch_size = 16
-    c.batch.physical_batch_size = 16
-    c.batch.microbatch_size = 8
-    c.dp.noise_multiplier = 1.0
-    c.dp.target_epsilon = 100.0  # never binding here; test_budget_* covers the budget
-    c.dp.delta = 1e-4
-    c.dp.overflow_probability = 1e-3
-    c.train.num_steps = 4
-    c.train.log_every = 2
-    c.train.eval_every = 2
-    c.train.eval_batches = 1
-    c.train.eval_batch_size = 16
-    c.optimizer.warmup_steps = 1
-    c.checkpoint.every_steps = 2
-    c.checkpoint.async_save = False
-    for key, value in overrides.items():
+# The demo config shrunk to seconds: 48 synthetic notes, seq 32, 4 steps. Flat
+# "section.field" keys, so the same values serve in-process runs and launch/train.py flags.
+SMALL = {
+    "data.synthetic_num_notes": 48, "data.max_seq_length": 32,
+    "data.max_predictions_per_seq": 5, "data.eval_fraction": 0.1, "vocab.size": 1000,
+    "model.max_position_embeddings": 32, "batch.expected_batch_size": 16,
+    "batch.physical_batch_size": 16, "batch.microbatch_size": 8, "dp.noise_multiplier": 1.0,
+    # Never binding here; test_budget_* covers the budget.
+    "dp.target_epsilon": 100.0, "dp.delta": 1e-4, "dp.overflow_probability": 1e-3,
+    "train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2, "train.eval_batches": 1,
+    "train.eval_batch_size": 16, "optimizer.warmup_steps": 1, "checkpoint.every_steps": 2,
+    "checkpoint.async_save": False,
+}
+
+
+def override(c, values: dict):
+    """Sets flat "section.field" keys on a ConfigDict; returns it."""
+    for key, value in values.items():
         node = c
         *parents, leaf = key.split(".")
         for p in parents:
             node = node[p]
         node[leaf] = value
     return c
+
+
+def small_config(cache_dir: pathlib.Path, **overrides):
+    return override(demo_dp.get_config(), {
+        **SMALL, "data.cache_dir": str(cache_dir / "instances"), **overrides})
 
 
 def final_params(workdir: pathlib.Path, step: int | None = None):
@@ -89,18 +86,7 @@ def run_cli(*args, **kw):
 
 def cli_train_args(workdir, cache_dir, extra=()):
     """launch/train.py flags reproducing `small_config(cache_dir)`."""
-    c = small_config(cache_dir)
-    flat = {
-        "data.synthetic_num_notes": 48, "data.max_seq_length": 32,
-        "data.max_predictions_per_seq": 5, "data.eval_fraction": 0.1,
-        "data.cache_dir": c.data.cache_dir, "vocab.size": 1000,
-        "model.max_position_embeddings": 32, "batch.expected_batch_size": 16,
-        "batch.physical_batch_size": 16, "batch.microbatch_size": 8,
-        "dp.noise_multiplier": 1.0, "dp.target_epsilon": 100.0, "dp.delta": 1e-4,
-        "dp.overflow_probability": 1e-3, "train.num_steps": 4, "train.log_every": 2,
-        "train.eval_every": 2, "train.eval_batches": 1, "train.eval_batch_size": 16,
-        "optimizer.warmup_steps": 1, "checkpoint.every_steps": 2,
-        "checkpoint.async_save": False}
+    flat = {**SMALL, "data.cache_dir": str(cache_dir / "instances")}
     args = [REPO / "launch" / "train.py", "--config=configs/demo_dp.py", f"--workdir={workdir}"]
     args += [f"--config.{k}={v}" for k, v in flat.items()]
     return args + list(extra)
@@ -406,26 +392,14 @@ def test_optimizer_state_is_sharded_like_the_parameters():
 
 def _shrink(c, cache_dir, steps=2):
     """A real experiment config shrunk to a few seconds of tiny BERT."""
-    c.model.size = "tiny"
-    c.model.max_position_embeddings = 64
-    c.data.max_seq_length = 64
-    c.data.max_predictions_per_seq = 8
-    c.data.cache_dir = str(cache_dir / "instances")
-    c.vocab.size = 2000
-    c.vocab.seed = 0
-    c.batch.expected_batch_size = 16
-    c.batch.physical_batch_size = 32
-    c.batch.microbatch_size = 16
-    c.dp.overflow_probability = 1e-3
-    c.optimizer.warmup_steps = 1
-    c.train.num_steps = steps
-    c.train.log_every = 1
-    c.train.eval_every = 0
-    c.train.eval_batches = 1
-    c.train.eval_batch_size = 16
-    c.train.export_hf = False
-    c.checkpoint.async_save = False
-    return c
+    return override(c, {
+        "model.size": "tiny", "model.max_position_embeddings": 64, "data.max_seq_length": 64,
+        "data.max_predictions_per_seq": 8, "data.cache_dir": str(cache_dir / "instances"),
+        "vocab.size": 2000, "vocab.seed": 0, "batch.expected_batch_size": 16,
+        "batch.physical_batch_size": 32, "batch.microbatch_size": 16,
+        "dp.overflow_probability": 1e-3, "optimizer.warmup_steps": 1, "train.num_steps": steps,
+        "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
+        "train.eval_batch_size": 16, "train.export_hf": False, "checkpoint.async_save": False})
 
 
 @pytest.mark.slow
