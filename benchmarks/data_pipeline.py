@@ -4,13 +4,12 @@ r"""Benchmark: input-pipeline throughput vs. what a tiny-BERT DP training step c
    ``../shared/data/corpus/web_bible.txt.gz`` with the standard uncased vocab (MiniLM's
    ``vocab.txt``), or on synthetic notes with ``--corpus=synthetic``.
 2. Online throughput at ``max_seq_length=128``, ``max_predictions_per_seq=20``, batch B:
-   * ``get_batch`` on random indices (the DP / Poisson-sampling path, one thread);
-   * ``SequentialIterator`` (grain shuffle + one reader thread + prefetch), one host.
+   * ``get_batch`` on random indices (the path every training batch takes, one thread).
 3. A tiny-BERT (2 layers, hidden 128, vocab 30,522) DP-SGD step on the same machine: per-example
    gradients (``jax.vmap`` of the per-example loss of ``dpbert.losses``), clipping + Gaussian
    noise (``optax.contrib.differentially_private_aggregate``), AdamW; examples/s after
    compilation.
-4. The pipeline feeding the step live (``background_map`` prefetch, as a trainer would use it):
+4. The pipeline feeding the step live (``prefetch``, grain, as the trainer uses it):
    step throughput with the pipeline running vs. with a pre-made batch.
 
 Pipeline and step timings are interleaved rounds and the ratios are taken per round (median),
@@ -84,18 +83,6 @@ def _time_get_batch(ds, batch: int, steps: int, rng) -> float:
     return batch * steps / (time.perf_counter() - t0)
 
 
-def _time_sequential(ds, batch: int, steps: int, seed: int) -> float:
-    from data_pipelines import pretraining  # noqa: PLC0415
-
-    # The clock includes the reader threads' start-up and the initial fill of the buffer.
-    t0 = time.perf_counter()
-    it = pretraining.SequentialIterator(ds, global_batch_size=batch, seed=seed, prefetch=4)
-    for _ in range(steps):
-        next(it)
-    rate = batch * steps / (time.perf_counter() - t0)
-    it.close()
-    return rate
-
 
 def _dp_step(vocab_size: int, batch: int):
     """A jitted tiny-BERT DP-SGD step and its initial state."""
@@ -159,10 +146,9 @@ def main(argv):
     state = (state_params, state_opt)
     key = jax.random.key(1)
 
-    rows = {"get_batch": [], "sequential": [], "train": [], "train_live": []}
+    rows = {"get_batch": [], "train": [], "train_live": []}
     for r in range(_ROUNDS.value):
         rows["get_batch"].append(_time_get_batch(ds, batch, 4 * steps, rng))
-        rows["sequential"].append(_time_sequential(ds, batch, 4 * steps, seed=r))
         # Fixed batch vs. live pipeline, in alternating order (load drifts between them).
         for mode in (("train", "train_live") if r % 2 == 0 else ("train_live", "train")):
             if mode == "train":
@@ -170,9 +156,9 @@ def main(argv):
             else:
                 # The pipeline prepares the next batches in a background thread while the
                 # step computes; the first batch is waited for before the clock starts.
-                batches = pretraining.background_map(
+                batches = pretraining.prefetch(
                     lambda s: ds.get_batch(rng.integers(0, ds.num_examples, batch), step=s),
-                    range(steps + 1), buffer_size=2)
+                    0, steps + 1, buffer_size=2)
                 next(batches)
             rate, state = _time_steps(step, state, batches, key)
             rows[mode].append(rate)
@@ -180,7 +166,6 @@ def main(argv):
 
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratio_gb = statistics.median(g / t for g, t in zip(rows["get_batch"], rows["train"]))
-    ratio_seq = statistics.median(g / t for g, t in zip(rows["sequential"], rows["train"]))
     live = statistics.median(lv / t for lv, t in zip(rows["train_live"], rows["train"]))
     load = os.getloadavg()[0]
     devices = jax.devices()
@@ -202,9 +187,7 @@ Tiny-BERT DP step compile: {compile_s:.1f} s.
 | tiny-BERT DP-SGD step (vmap per-example grads, clip, noise, AdamW) | {med['train']:.0f} | 1.00x |
 | `get_batch` random indices (DP path, 1 thread, fresh masking) \
 | {med['get_batch']:.0f} | {ratio_gb:.1f}x |
-| `SequentialIterator` (grain shuffle, 1 reader thread, prefetch 4, start-up included) \
-| {med['sequential']:.0f} | {ratio_seq:.1f}x |
-| DP step fed live by `background_map(get_batch)` | {med['train_live']:.0f} | {live:.2f}x |
+| DP step fed live by `prefetch(get_batch)` (grain, 1 reader thread) | {med['train_live']:.0f} | {live:.2f}x |
 
 The pipeline keeps ahead when its rate is above the step's; the last row is the end-to-end
 check (1.00x = the trainer never waits; on a shared 2-core machine the producer thread also

@@ -19,14 +19,10 @@ DP training counts a FIXED set of examples:
    sorted) done afresh on every load with an RNG derived from ``(seed, step, index)``: the result
    depends on nothing else (not on the host, the batch composition or the order).
 
-Two ways to read the examples:
-
-* ``PretrainingDataset.get_batch(indices, step=...)``: random access for DP training with
-  Poisson sampling (the sampler chooses indices; padded slots are the trainer's business).
-* ``SequentialIterator``: shuffled epochs for non-private training (grain's index shuffle,
-  deterministic in ``(seed, epoch)``), checkpointable state ``{"epoch", "position"}``, host ``h``
-  of ``H`` materializing only its contiguous slice of every global batch, prefetched by grain
-  threads.
+One way to read the examples: ``PretrainingDataset.get_batch(indices, step=...)``, random access
+with fresh masking. The trainer's sampler (``dpbert.dp.sampling``: Poisson for DP, shuffled
+epochs for public data) decides which indices make up each batch, every host loads only its own
+rows, and ``prefetch`` (grain) prepares them ahead of the training step.
 
 ``build_datasets(config, vocab_file)`` wires corpus reading, sentence splitting, tokenization,
 an optional canary stage, the document-level held-out split and the cache together;
@@ -45,12 +41,9 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import random
 import shutil
-import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -542,7 +535,6 @@ def mask_sequence(input_ids: np.ndarray, len_a: int, len_b: int, params: Masking
 
 # Domain tags keep the masking RNG streams of different uses apart.
 _MASK_DOMAIN_STEP = 1
-_MASK_DOMAIN_EPOCH = 2
 
 
 class PretrainingDataset:
@@ -662,197 +654,31 @@ class PretrainingDataset:
         return self._batch(indices, np.full(indices.shape, int(step), np.int64),
                            _MASK_DOMAIN_STEP)
 
-    def get_batch_for_epochs(self, indices: np.ndarray,
-                             epochs: np.ndarray) -> dict[str, np.ndarray]:
-        """Like ``get_batch``, masking example ``indices[b]`` for epoch ``epochs[b]``.
-
-        The sequential (epoch-based) mode uses this: each example is masked afresh each epoch.
-        """
-        indices = np.asarray(indices)
-        epochs = np.asarray(epochs, dtype=np.int64)
-        if epochs.shape != indices.shape:
-            raise ValueError(f"epochs shape {epochs.shape} != indices shape {indices.shape}")
-        return self._batch(indices, epochs, _MASK_DOMAIN_EPOCH)
 
 
 # --------------------------------------------------------------------------------------------
-# Sequential (non-private) mode and prefetching
+# Prefetching
 # --------------------------------------------------------------------------------------------
 
-def _seed32(*parts: Any) -> int:
-    """A 32-bit seed derived from ``parts`` (grain's shuffle wants seeds in [0, 2**32))."""
-    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
-class SequentialIterator:
-    """Shuffled epochs over a ``PretrainingDataset``, sharded across hosts, checkpointable.
-
-    The global stream of examples is epoch 0's permutation, then epoch 1's, ... (grain's
-    ``MapDataset.shuffle`` reshuffles every epoch, deterministically in ``(seed, epoch)``).
-    Global batch ``k`` is stream positions ``[start + k*G, start + (k+1)*G)`` (a batch may span
-    an epoch boundary; nothing is dropped). Host ``h`` of ``H`` materializes only positions
-    ``[h*G/H, (h+1)*G/H)`` of each global batch. Each example is masked for its epoch.
-
-    State: ``{"epoch": e, "position": p}`` = the next global stream position ``e*N + p``; all
-    hosts hold the same state. Batches are prefetched by grain's reader threads.
-
-    Yields:
-      feature dicts with leading axis ``G / H``.
-    """
-
-    def __init__(self, dataset: PretrainingDataset, *, global_batch_size: int, seed: int,
-                 host_index: int = 0, host_count: int = 1, prefetch: int = 2,
-                 num_threads: int = 1):
-        if host_count < 1 or not 0 <= host_index < host_count:
-            raise ValueError(f"need 0 <= host_index < host_count, got {host_index}, {host_count}")
-        if global_batch_size < 1 or global_batch_size % host_count:
-            raise ValueError(f"global_batch_size {global_batch_size} must be a positive "
-                             f"multiple of host_count {host_count}")
-        self._ds = dataset
-        self._n = dataset.num_examples
-        self._global = global_batch_size
-        self._local = global_batch_size // host_count
-        self._host = host_index
-        self._prefetch = prefetch
-        self._threads = num_threads
-        # Stream position -> example index; reshuffled per epoch inside grain.
-        self._order = grain.MapDataset.range(self._n).shuffle(seed=_seed32("epoch-shuffle", seed)
-                                                              ).repeat()
-        self._start = 0
-        self._consumed = 0
-        self._it: Iterator[dict[str, np.ndarray]] | None = None
-
-    @property
-    def local_batch_size(self) -> int:
-        return self._local
-
-    def host_batch(self, k: int) -> dict[str, np.ndarray]:
-        """This host's slice of global batch ``k`` counted from the current start."""
-        p0 = self._start + k * self._global + self._host * self._local
-        positions = np.arange(p0, p0 + self._local, dtype=np.int64)
-        indices = np.fromiter((self._order[p] for p in positions.tolist()), np.int64,
-                              count=len(positions))
-        return self._ds.get_batch_for_epochs(indices, positions // self._n)
-
-    def _make_iterator(self) -> Iterator[dict[str, np.ndarray]]:
-        batches = grain.MapDataset.range(sys.maxsize).map(self.host_batch)
-        read = grain.ReadOptions(num_threads=self._threads, prefetch_buffer_size=self._prefetch)
-        return iter(batches.to_iter_dataset(read))
-
-    def __iter__(self) -> "SequentialIterator":
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self._it is None:
-            self._it = self._make_iterator()
-        batch = next(self._it)
-        self._consumed += 1
-        return batch
-
-    def get_state(self) -> dict[str, int]:
-        """{"epoch", "position"} of the next global batch (JSON-serializable)."""
-        p = self._start + self._consumed * self._global
-        return {"epoch": p // self._n, "position": p % self._n}
-
-    def set_state(self, state: dict[str, int]) -> None:
-        """Resumes at a state from ``get_state`` (also with another batch size or host count)."""
-        try:
-            epoch, position = int(state["epoch"]), int(state["position"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"bad iterator state {state!r}: need integer 'epoch' and "
-                             f"'position'") from e
-        if epoch < 0 or not 0 <= position < self._n:
-            raise ValueError(f"bad iterator state {state!r}: need epoch >= 0 and "
-                             f"0 <= position < {self._n}")
-        self.close()
-        self._start = epoch * self._n + position
-        self._consumed = 0
-
-    def close(self) -> None:
-        """Stops the prefetch threads (they restart on the next ``next``)."""
-        it, self._it = self._it, None
-        if it is not None and hasattr(it, "close"):
-            it.close()
-
-
-T = TypeVar("T")
 U = TypeVar("U")
 
 
-def background_map(fn: Callable[[T], U], items: Iterable[T], *,
-                   buffer_size: int = 2) -> Iterator[U]:
-    """``map(fn, items)`` computed ``buffer_size`` items ahead in a background thread.
+def prefetch(fn: Callable[[int], U], start: int, stop: int, *, buffer_size: int = 2
+             ) -> Iterator[U]:
+    """``fn(start), fn(start + 1), ..., fn(stop - 1)``, computed up to ``buffer_size`` items
+    ahead of the consumer by a grain reader thread.
 
-    For the DP mode, where the sampler (not the pipeline) decides the indices:
-    ``background_map(lambda s: ds.get_batch(sampler_indices(s), step=s), steps)``. An
-    exception in ``fn`` is re-raised in the consumer. Stops the thread when the consumer stops.
+    The trainer uses it with ``fn = call -> this host's rows of that call's batch``. Order is
+    kept; an exception in ``fn`` is raised in the consumer; dropping the iterator stops the
+    reader. One thread: ``fn`` need not be thread-safe.
     """
     if buffer_size < 1:
-        yield from map(fn, items)
-        return
-    q: queue.Queue = queue.Queue(maxsize=buffer_size)
-    stop = threading.Event()
-    done = object()
-
-    def worker() -> None:
-        try:
-            for item in items:
-                result = fn(item)
-                while not stop.is_set():
-                    try:
-                        q.put((True, result), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put((True, done))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put((False, e))
-
-    thread = threading.Thread(target=worker, name="dpbert-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            ok, value = q.get()
-            if not ok:
-                raise value
-            if value is done:
-                return
-            yield value
-    finally:
-        stop.set()
-        # Unblock a worker waiting on a full queue, then let it finish.
-        while thread.is_alive():
-            try:
-                q.get_nowait()
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.1)
-
-
-def iterate_eval(dataset: PretrainingDataset, *, global_batch_size: int, host_index: int = 0,
-                 host_count: int = 1, step: int = 0,
-                 ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-    """One pass over all examples in index order, with fixed masking (``step``), for evaluation.
-
-    Every host yields the same number of batches of ``global_batch_size / host_count``; the last
-    global batch is padded with example 0.
-
-    Yields:
-      (features, valid) with ``valid`` bool [G/H] (False = padding slot, to be ignored).
-    """
-    if global_batch_size % host_count:
-        raise ValueError(f"global_batch_size {global_batch_size} must be a multiple of "
-                         f"host_count {host_count}")
-    local = global_batch_size // host_count
-    n = dataset.num_examples
-    for b0 in range(0, n, global_batch_size):
-        positions = np.arange(b0 + host_index * local, b0 + (host_index + 1) * local)
-        valid = positions < n
-        indices = np.where(valid, positions, 0)
-        yield dataset.get_batch(indices, step=step), valid
+        raise ValueError(f"buffer_size must be >= 1, got {buffer_size}")
+    if stop <= start:
+        return iter(())
+    items = grain.MapDataset.range(start, stop).map(fn)
+    return iter(items.to_iter_dataset(
+        grain.ReadOptions(num_threads=1, prefetch_buffer_size=buffer_size)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ realised Poisson batch sizes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -567,7 +568,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
 
     shardings_tree = state_shardings(
         TrainState(params, jax.eval_shape(optimizer.init, params),
-                   jax.eval_shape(lambda: updater.init(params, config.seed))),
+                   jax.eval_shape(functools.partial(updater.init, rng=config.seed), params)),
         pure_param_shardings(model, mesh), mesh)
     init_fn = jax.jit(lambda p: TrainState(p, optimizer.init(p), updater.init(p, config.seed)),
                       out_shardings=shardings_tree)
@@ -643,7 +644,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     stopped_by_budget = False
     totals, t_last, steps_since = None, time.time(), 0
     calls = range(start_step * plan.calls_per_batch, plan.num_steps * plan.calls_per_batch)
-    batches = pretraining.background_map(load, calls, buffer_size=2)
+    batches = pretraining.prefetch(load, calls.start, calls.stop,
+                                   buffer_size=max(1, config.data.prefetch))
 
     def save(step_now: int) -> None:
         if step_now in ckpt.all_steps():  # e.g. the periodic save already wrote the last step
@@ -697,7 +699,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     ckpt.close()
                     raise SystemExit(143)
         finally:
-            batches.close()
+            del batches  # stops the reader thread
     # plan.num_steps is already capped by the budget; record_step() would refuse a step past it.
     if plan.max_steps_by_budget is not None and step == plan.max_steps_by_budget < \
             config.train.num_steps:

@@ -215,7 +215,7 @@ def test_feature_layout_and_masking_invariants(wwm):
     ds = make_dataset(wwm=wwm)
     idx = np.arange(ds.num_examples)
     batch = ds.get_batch(idx, step=3)
-    S, Pn = 128, 20
+    S = 128
     assert batch["input_ids"].shape == (len(idx), S) and batch["input_ids"].dtype == np.int32
     assert batch["masked_lm_weights"].dtype == np.float32
     assert batch["next_sentence_labels"].shape == (len(idx),)
@@ -346,106 +346,13 @@ def test_dataset_rejects_instances_longer_than_max_seq_length():
 
 
 # ------------------------------------------------------------------------------------------
-# Sequential iterator
+# Prefetching
 # ------------------------------------------------------------------------------------------
 
-def collect(it, n):
-    return [next(it) for _ in range(n)]
-
-
-def test_sequential_epochs_are_permutations_and_deterministic():
-    ds = make_dataset(num_docs=40, seq=32)
-    n = ds.num_examples
-    g = 8
-    it = P.SequentialIterator(ds, global_batch_size=g, seed=3)
-    # Reconstruct the example order from the unmasked content: map content -> index.
-    positions = [it._order[p] for p in range(3 * n)]
-    for e in range(3):
-        assert sorted(positions[e * n:(e + 1) * n]) == list(range(n))
-    assert positions[:n] != positions[n:2 * n], "each epoch is reshuffled"
-    batches = collect(it, 5)
-    batches2 = collect(P.SequentialIterator(ds, global_batch_size=g, seed=3), 5)
-    other = collect(P.SequentialIterator(ds, global_batch_size=g, seed=4), 5)
-    for b, b2 in zip(batches, batches2):
-        for k in P.FEATURE_KEYS:
-            np.testing.assert_array_equal(b[k], b2[k])
-    assert any(not np.array_equal(b["input_ids"], o["input_ids"]) for b, o in zip(batches, other))
-    # Batch k holds exactly the examples at stream positions [k*g, (k+1)*g), masked for their
-    # epoch: compare with get_batch_for_epochs.
-    for k, b in enumerate(batches):
-        pos = np.arange(k * g, (k + 1) * g)
-        ref = ds.get_batch_for_epochs(np.array([positions[p] for p in pos]), pos // n)
-        for key in P.FEATURE_KEYS:
-            np.testing.assert_array_equal(b[key], ref[key])
-    it.close()
-
-
-def test_sequential_resume_and_host_sharding():
-    ds = make_dataset(num_docs=40, seq=32)
-    n = ds.num_examples
-    g = 12
-    it = P.SequentialIterator(ds, global_batch_size=g, seed=9, prefetch=3)
-    steps = (2 * n) // g + 3  # crosses epoch boundaries
-    ref = collect(it, steps)
-    state = it.get_state()
-    assert state == {"epoch": (steps * g) // n, "position": (steps * g) % n}
-    more = collect(it, 4)
-    it.close()
-    # Resume from a checkpointed state in a fresh iterator.
-    it2 = P.SequentialIterator(ds, global_batch_size=g, seed=9)
-    it2.set_state(state)
-    for a, b in zip(more, collect(it2, 4)):
-        for k in P.FEATURE_KEYS:
-            np.testing.assert_array_equal(a[k], b[k])
-    it2.close()
-    # Resume mid-way, then continue: same stream as uninterrupted.
-    it3 = P.SequentialIterator(ds, global_batch_size=g, seed=9)
-    collect(it3, 3)
-    s3 = it3.get_state()
-    it3.set_state(s3)
-    for a, b in zip(ref[3:6], collect(it3, 3)):
-        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
-    it3.close()
-    # 3 hosts: each takes its contiguous third of every global batch.
-    hosts = [P.SequentialIterator(ds, global_batch_size=g, seed=9, host_index=h, host_count=3)
-             for h in range(3)]
-    for k in range(steps):
-        parts = [next(h) for h in hosts]
-        assert parts[0]["input_ids"].shape[0] == 4
-        for key in P.FEATURE_KEYS:
-            np.testing.assert_array_equal(ref[k][key], np.concatenate([p[key] for p in parts]))
-    for h in hosts:
-        assert h.get_state() == state
-        h.close()
-
-
-def test_sequential_bad_arguments():
-    ds = make_dataset(num_docs=10, seq=32)
-    with pytest.raises(ValueError, match="multiple of host_count"):
-        P.SequentialIterator(ds, global_batch_size=10, seed=0, host_count=3)
-    with pytest.raises(ValueError, match="host_index"):
-        P.SequentialIterator(ds, global_batch_size=9, seed=0, host_index=3, host_count=3)
-    it = P.SequentialIterator(ds, global_batch_size=4, seed=0)
-    with pytest.raises(ValueError, match="position"):
-        it.set_state({"epoch": 0, "position": ds.num_examples})
-    with pytest.raises(ValueError, match="epoch"):
-        it.set_state({"step": 3})
-
-
-def test_iterate_eval_pads_last_batch():
-    ds = make_dataset(num_docs=20, seq=32)
-    n = ds.num_examples
-    seen = []
-    for h in range(2):
-        for batch, valid in P.iterate_eval(ds, global_batch_size=8, host_index=h, host_count=2):
-            assert batch["input_ids"].shape[0] == 4 == valid.shape[0]
-            seen.append(valid.sum())
-    assert sum(seen) == n
-
-
-def test_background_map_order_errors_and_early_stop():
-    assert list(P.background_map(lambda x: x * x, range(50), buffer_size=3)) == [
-        x * x for x in range(50)]
+def test_prefetch_keeps_order_raises_errors_and_stops_early():
+    assert list(P.prefetch(lambda x: x * x, 3, 50, buffer_size=3)) == [
+        x * x for x in range(3, 50)]
+    assert list(P.prefetch(lambda x: x, 5, 5)) == []
 
     def boom(x):
         if x == 5:
@@ -453,7 +360,15 @@ def test_background_map_order_errors_and_early_stop():
         return x
 
     with pytest.raises(RuntimeError, match="bad item 5"):
-        list(P.background_map(boom, range(10)))
-    gen = P.background_map(lambda x: x, iter(range(10**9)), buffer_size=2)
-    assert [next(gen) for _ in range(3)] == [0, 1, 2]
-    gen.close()  # must stop the worker thread promptly
+        list(P.prefetch(boom, 0, 10))
+    computed = []
+
+    def record(x):
+        computed.append(x)
+        return x
+
+    it = P.prefetch(record, 0, 10**9, buffer_size=2)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    # Bounded read-ahead: a few items beyond what was consumed, not the whole range.
+    assert len(computed) <= 3 + 2 + 2
+    del it

@@ -16,7 +16,6 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from dpbert import hf
-from dpbert import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOL = 1e-4

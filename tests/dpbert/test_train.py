@@ -107,8 +107,8 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
     # The reported epsilon is what launch/privacy.py says for the same parameters.
     proc = subprocess.run(
         [sys.executable, str(REPO / "launch" / "privacy.py"), "epsilon",
-         f"--num_examples={saved['num_examples']}", f"--batch_size=16",
-         f"--noise_multiplier=1.0", "--steps=4", f"--delta={saved['delta']}",
+         f"--num_examples={saved['num_examples']}", "--batch_size=16",
+         "--noise_multiplier=1.0", "--steps=4", f"--delta={saved['delta']}",
          f"--max_batch_size={saved['max_batch_size']}", "--json"],
         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr[-2000:]
