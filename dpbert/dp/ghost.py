@@ -152,6 +152,11 @@ class TiedEmbeddingClipper:
         """See `VmapClipper.layout`."""
         return self._vmap().layout(batch_size)
 
+    def table_gets_gradient(self, loss_fn: FactoredLoss, params: PyTree) -> bool:
+        """False if E is frozen by the trainable filter or by the loss: then `clipped_sum`
+        is `VmapClipper`'s without E (E comes out as zeros)."""
+        return self._split(loss_fn, params)[2]
+
     def _split(self, loss_fn: FactoredLoss, params: PyTree
                ) -> tuple[int, list[bool], bool]:
         """(index of E among the leaves, trainable flags, whether E gets a gradient)."""
@@ -250,7 +255,7 @@ class TiedEmbeddingClipper:
                                             first_position=first_position)
         s, per_shard, _ = self.layout(clipping.check_batch(batch, mask))
         leaves, treedef = jax.tree.flatten(params)
-        vocab, hidden = leaves[index].shape
+        hidden = leaves[index].shape[1]
 
         def chunk_sums(c_batch, c_mask, c_pos):
             out = self.per_example(loss_fn, params, c_batch, c_mask, key, c_pos)
