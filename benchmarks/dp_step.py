@@ -183,6 +183,18 @@ class Bench:
         args = (state, _fresh(self.params), _fresh(self.opt_state), batch, mask)
         return fn, args
 
+    def noise_only(self):
+        """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient`
+        on an all-zero clipped sum, i.e. the part of the DP step that is not clipping."""
+        config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
+                                       expected_batch_size=float(_BATCH.value),
+                                       num_shards=self.devices)
+        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer)
+        state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
+                             self.params)
+        return jax.jit(agg.noisy_gradient, out_shardings=self.p_sh), (state, zeros)
+
     def plain_step(self, microbatch_size: int, batch_size: int | None = None):
         fn = jax.jit(non_private_update(self.loss_fn, self.optimizer, microbatch_size),
                      donate_argnums=(0, 1), out_shardings=(self.p_sh, self.o_sh))
@@ -228,9 +240,10 @@ def time_interleaved(steps: dict, rounds: int) -> dict[str, list[float]]:
         if name.startswith("dp"):
             params, opt_state, dp_state, _ = out
             state[name] = (dp_state, params, opt_state) + args[3:]
-        else:
+        elif name == "plain":
             params, opt_state = out
             state[name] = (params, opt_state) + args[2:]
+        # (anything else does not donate its arguments: they are reused as they are)
         return elapsed
 
     names = list(steps)
@@ -282,7 +295,8 @@ def bench_model(preset: str) -> dict:
           f"{bench.devices} devices", file=sys.stderr, flush=True)
     frozen = trees.freeze_paths_containing("word_embeddings")
     steps = {"dp": bench.dp_step(b), "dp_ghost": bench.dp_step(b, clipper="ghost"),
-             "plain": bench.plain_step(b), "dp_frozen_emb": bench.dp_step(b, trainable=frozen)}
+             "plain": bench.plain_step(b), "dp_frozen_emb": bench.dp_step(b, trainable=frozen),
+             "noise": bench.noise_only()}
     compiled, compile_s = {}, {}
     for name, (fn, args) in steps.items():
         compiled[name], compile_s[name] = Bench.compile(fn, args)
@@ -309,6 +323,7 @@ def bench_model(preset: str) -> dict:
         "ghost_bytes": bytes_accessed(compiled["dp_ghost"]),
         "ghost_m": ghost_m[0], "ghost_m_mem": ghost_m[1], "ghost_compile": compile_s["dp_ghost"],
         "frozen_s": statistics.median(times["dp_frozen_emb"]),
+        "noise_s": statistics.median(times["noise"]), "noise_ratio": ratio("noise"),
         "time_ratio": ratio("dp"), "frozen_ratio": ratio("dp_frozen_emb"),
         "dp_temp": temp_bytes(compiled["dp"]), "plain_temp": temp_bytes(compiled["plain"]),
         "dp_bytes": bytes_accessed(compiled["dp"]),
@@ -355,13 +370,16 @@ def main(argv):
                   f"{r[key + '_temp'] / MIB:.0f} | {r['plain_temp'] / MIB:.0f} | "
                   f"{r[key + '_temp'] / r['plain_temp']:.2f}x | "
                   f"{r[key + '_bytes'] / r['plain_bytes']:.2f}x |")
-    print("\nFor reference, the vmap DP step with the (tied, 30,522-row) word embedding "
-          "frozen, i.e. no embedding/decoder gradient at all (a floor for any clipper that "
-          "trains it):\n")
-    print("| model | DP step, word embedding frozen, s | vs. non-DP |")
-    print("|---|---|---|")
+    print("\nParts of the DP step, timed alone in the same rounds: the noise draw "
+          "(`DPAggregator.noisy_gradient` on a zero sum: one N(0, sigma^2 C^2) array per "
+          "parameter, float32), and the vmap DP step with the (tied, 30,522-row) word "
+          "embedding frozen (no embedding/decoder gradient and no noise on it):\n")
+    print("| model | noise draw s | vs. non-DP | DP step, word embedding frozen, s | "
+          "vs. non-DP |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['preset']} | {r['frozen_s']:.2f} | {r['frozen_ratio']:.2f}x |")
+        print(f"| {r['preset']} | {r['noise_s']:.2f} | {r['noise_ratio']:.2f}x | "
+              f"{r['frozen_s']:.2f} | {r['frozen_ratio']:.2f}x |")
     print(f"\nLargest global microbatch (devices x 2^k, batch {_SEARCH_BATCH.value}) whose "
           f"step compiles under {_CAP_MIB.value:.0f} MiB temp memory per device:\n")
     print("| model | DP vmap microbatch | its temp MiB | DP ghost microbatch | its temp MiB | "

@@ -9,8 +9,10 @@ quantity the Gaussian noise is calibrated to, so nothing may happen between it
 and the noise (see `dpbert.dp.accumulation`).
 
 `GradientClipper` is the interface; `VmapClipper` computes per-example gradients
-with ``jax.vmap(jax.grad(...))`` in microbatches.  A ghost-clipping
-implementation can implement the same `clipped_sum` later.
+with ``jax.vmap(jax.grad(...))`` in microbatches.  `dpbert.dp.ghost.TiedEmbeddingClipper`
+gives the same sum for BERT without per-example gradients of the tied word
+embedding (ghost norms); both share the microbatch layout below
+(`scan_microbatches`).
 
 Microbatching and sharding.  ``microbatch_size`` is GLOBAL (all devices
 together).  A physical batch of B examples, sharded over the data axis in
