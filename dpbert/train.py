@@ -144,8 +144,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         if d.target_epsilon is not None:
             need(d.target_epsilon > 0, "dp.target_epsilon", "must be > 0")
         need(d.sampling in ("poisson", "shuffle"), "dp.sampling", "must be poisson or shuffle")
-        need(d.clipping in CLIPPERS, "dp.clipping",
-             f"must be one of {CLIPPERS}")
+        need(d.clipping in CLIPPERS, "dp.clipping", f"must be one of {CLIPPERS}")
         need(d.noise_mode in ("global", "per_shard"), "dp.noise_mode",
              "must be global or per_shard")
         need(0 < d.overflow_probability < 1, "dp.overflow_probability", "must be in (0, 1)")
