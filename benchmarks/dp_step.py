@@ -1,19 +1,22 @@
-r"""DP-SGD step (vmap per-example clipping) versus the non-private step, side by side.
+r"""DP-SGD step (vmap and ghost-embedding clipping) versus the non-private step, side by side.
 
     PYTHONPATH=. python benchmarks/dp_step.py [--models=tiny,mini] [--batch_size=32]
 
 For each BERT size (vocabulary 30,522, seq 128, 20 predictions, dropout on, AdamW), on
 8 fake CPU devices (data-parallel mesh, or the real devices with --platform=gpu):
 
-* wall-clock of one jitted train step, DP (`DPAggregator.update`: vmap per-example
-  grads, clip, sum, noise, AdamW) and non-private (mean-loss grads, AdamW), same batch,
-  same whole-batch microbatch, measured in interleaved rounds (median; the ratio is
-  robust to machine load);
+* wall-clock of one jitted train step, DP (`DPAggregator.update`: per-example grads,
+  clip, sum, noise, AdamW) with each clipper -- `VmapClipper` (every per-example
+  gradient materialised by vmap) and `TiedEmbeddingClipper` (ghost norms for the tied
+  word embedding, dp.clipping="ghost_embedding") -- and non-private (mean-loss grads,
+  AdamW), same batch, same whole-batch microbatch, measured in interleaved rounds
+  (median; the ratio is robust to machine load);
 * XLA temp memory (`compiled.memory_analysis().temp_size_in_bytes`, per device) and
   cost-analysis bytes accessed of the single-chunk steps (deterministic; comparable
   across machines);
 * the largest microbatch (global, a multiple of the device count) whose step compiles
-  under a per-device temp-memory cap, for DP and non-private (accumulating) steps;
+  under a per-device temp-memory cap, for both DP steps and the non-private
+  (accumulating) step;
 * the time to calibrate sigma for 1,000,000 steps at the scale of Hoory et al.
   (N = 83M, batch 131,072, delta = 1e-8, epsilon = 8), plus the epsilon of that sigma
   on a 10x finer PLD grid.
@@ -65,7 +68,7 @@ from flax import nnx  # noqa: E402
 
 from dpbert import losses, sharding  # noqa: E402
 from dpbert import model as model_lib  # noqa: E402
-from dpbert.dp import accounting, accumulation, trees  # noqa: E402
+from dpbert.dp import accounting, accumulation, ghost, trees  # noqa: E402
 
 MIB = 2 ** 20
 
@@ -130,6 +133,7 @@ class Bench:
         graphdef, params = nnx.split(model_lib.create_model(config))
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.loss_fn = losses.make_pretraining_loss(graphdef)
+        self.factored_loss = losses.make_factored_pretraining_loss(graphdef)
         self.optimizer = optax.adamw(1e-4, weight_decay=0.01)
         rep = sharding.replicated(self.mesh)
         self.p_sh = sharding.param_shardings(params, self.mesh)
@@ -152,14 +156,24 @@ class Bench:
                                         sharding=sharding.batch_sharding(self.mesh, x.ndim))
         return jax.tree.map(sds, self.batch), sds(self.mask)
 
-    def dp_step(self, microbatch_size: int, batch_size: int | None = None, trainable=None):
-        """(jitted DP step, its arguments); abstract batch if `batch_size` is given."""
+    def dp_step(self, microbatch_size: int, batch_size: int | None = None, trainable=None,
+                clipper: str = "vmap"):
+        """(jitted DP step, its arguments); abstract batch if `batch_size` is given.
+
+        clipper: "vmap" (`VmapClipper`) or "ghost" (`TiedEmbeddingClipper`).
+        """
         config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size,
                                        num_shards=self.devices)
-        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
-                                        trainable=trainable)
+        if clipper == "ghost":
+            agg = accumulation.DPAggregator(
+                config, self.factored_loss, self.optimizer, trainable=trainable,
+                clipper=ghost.TiedEmbeddingClipper(config.clip_norm, microbatch_size,
+                                                   self.devices, trainable))
+        else:
+            agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
+                                            trainable=trainable)
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
@@ -168,6 +182,18 @@ class Bench:
                        else self.abstract_batch(batch_size))
         args = (state, _fresh(self.params), _fresh(self.opt_state), batch, mask)
         return fn, args
+
+    def noise_only(self):
+        """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient`
+        on an all-zero clipped sum, i.e. the part of the DP step that is not clipping."""
+        config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
+                                       expected_batch_size=float(_BATCH.value),
+                                       num_shards=self.devices)
+        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer)
+        state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
+                             self.params)
+        return jax.jit(agg.noisy_gradient, out_shardings=self.p_sh), (state, zeros)
 
     def plain_step(self, microbatch_size: int, batch_size: int | None = None):
         fn = jax.jit(non_private_update(self.loss_fn, self.optimizer, microbatch_size),
@@ -214,9 +240,10 @@ def time_interleaved(steps: dict, rounds: int) -> dict[str, list[float]]:
         if name.startswith("dp"):
             params, opt_state, dp_state, _ = out
             state[name] = (dp_state, params, opt_state) + args[3:]
-        else:
+        elif name == "plain":
             params, opt_state = out
             state[name] = (params, opt_state) + args[2:]
+        # (anything else does not donate its arguments: they are reused as they are)
         return elapsed
 
     names = list(steps)
@@ -267,8 +294,9 @@ def bench_model(preset: str) -> dict:
     print(f"[{preset}] {bench.num_params / 1e6:.1f}M params, batch {b}, "
           f"{bench.devices} devices", file=sys.stderr, flush=True)
     frozen = trees.freeze_paths_containing("word_embeddings")
-    steps = {"dp": bench.dp_step(b), "plain": bench.plain_step(b),
-             "dp_frozen_emb": bench.dp_step(b, trainable=frozen)}
+    steps = {"dp": bench.dp_step(b), "dp_ghost": bench.dp_step(b, clipper="ghost"),
+             "plain": bench.plain_step(b), "dp_frozen_emb": bench.dp_step(b, trainable=frozen),
+             "noise": bench.noise_only()}
     compiled, compile_s = {}, {}
     for name, (fn, args) in steps.items():
         compiled[name], compile_s[name] = Bench.compile(fn, args)
@@ -281,14 +309,21 @@ def bench_model(preset: str) -> dict:
     search = _SEARCH_BATCH.value
     dp_m = largest_microbatch(lambda m, n: bench.dp_step(m, n), search, bench.devices, cap,
                               (b, temp_bytes(compiled["dp"])))
+    ghost_m = largest_microbatch(lambda m, n: bench.dp_step(m, n, clipper="ghost"), search,
+                                 bench.devices, cap, (b, temp_bytes(compiled["dp_ghost"])))
     plain_m = largest_microbatch(lambda m, n: bench.plain_step(m, n), search, bench.devices,
                                  cap, (b, temp_bytes(compiled["plain"])))
-    print(f"[{preset}] microbatch search: {dp_m[2]} + {plain_m[2]} compiles",
+    print(f"[{preset}] microbatch search: {dp_m[2]} + {ghost_m[2]} + {plain_m[2]} compiles",
           file=sys.stderr, flush=True)
     return {
         "preset": preset, "params": bench.num_params,
         "dp_s": statistics.median(times["dp"]), "plain_s": statistics.median(times["plain"]),
+        "ghost_s": statistics.median(times["dp_ghost"]), "ghost_ratio": ratio("dp_ghost"),
+        "ghost_temp": temp_bytes(compiled["dp_ghost"]),
+        "ghost_bytes": bytes_accessed(compiled["dp_ghost"]),
+        "ghost_m": ghost_m[0], "ghost_m_mem": ghost_m[1], "ghost_compile": compile_s["dp_ghost"],
         "frozen_s": statistics.median(times["dp_frozen_emb"]),
+        "noise_s": statistics.median(times["noise"]), "noise_ratio": ratio("noise"),
         "time_ratio": ratio("dp"), "frozen_ratio": ratio("dp_frozen_emb"),
         "dp_temp": temp_bytes(compiled["dp"]), "plain_temp": temp_bytes(compiled["plain"]),
         "dp_bytes": bytes_accessed(compiled["dp"]),
@@ -322,33 +357,41 @@ def main(argv):
           f"({devices[0].device_kind}); load average {load:.1f} at the end. "
           f"Vocabulary {_VOCAB.value}, seq {_SEQ.value}, {_PREDS.value} predictions, "
           f"global batch {_BATCH.value}, dropout on, AdamW; DP: C=1, sigma=1, whole batch "
-          f"in one vmap chunk. Median of {_ROUNDS.value} interleaved rounds.\n")
-    print("| model | params | DP step s | non-DP step s | time ratio | DP temp MiB | "
+          f"in one microbatch. Median of {_ROUNDS.value} interleaved rounds. DP ratios are "
+          "DP step / non-DP step; `vmap` = VmapClipper (dp.clipping=\"vmap\"), `ghost` = "
+          "TiedEmbeddingClipper (dp.clipping=\"ghost_embedding\", the default).\n")
+    print("| model | params | clipper | DP step s | non-DP step s | time ratio | DP temp MiB | "
           "non-DP temp MiB | temp ratio | bytes-accessed ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {r['dp_s']:.2f} | "
-              f"{r['plain_s']:.2f} | {r['time_ratio']:.2f}x | {r['dp_temp'] / MIB:.0f} | "
-              f"{r['plain_temp'] / MIB:.0f} | {r['dp_temp'] / r['plain_temp']:.2f}x | "
-              f"{r['dp_bytes'] / r['plain_bytes']:.2f}x |")
-    print("\nWhere the DP time goes: the same DP step with the (tied, 30,522-row) word "
-          "embedding frozen, i.e. no per-example embedding/decoder gradients:\n")
-    print("| model | DP step, word embedding frozen, s | vs. non-DP |")
-    print("|---|---|---|")
+        for name, key, ratio in (("vmap", "dp", "time_ratio"), ("ghost", "ghost", "ghost_ratio")):
+            print(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {name} | {r[key + '_s']:.2f} | "
+                  f"{r['plain_s']:.2f} | {r[ratio]:.2f}x | "
+                  f"{r[key + '_temp'] / MIB:.0f} | {r['plain_temp'] / MIB:.0f} | "
+                  f"{r[key + '_temp'] / r['plain_temp']:.2f}x | "
+                  f"{r[key + '_bytes'] / r['plain_bytes']:.2f}x |")
+    print("\nParts of the DP step, timed alone in the same rounds: the noise draw "
+          "(`DPAggregator.noisy_gradient` on a zero sum: one N(0, sigma^2 C^2) array per "
+          "parameter, float32), and the vmap DP step with the (tied, 30,522-row) word "
+          "embedding frozen (no embedding/decoder gradient and no noise on it):\n")
+    print("| model | noise draw s | vs. non-DP | DP step, word embedding frozen, s | "
+          "vs. non-DP |")
+    print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['preset']} | {r['frozen_s']:.2f} | {r['frozen_ratio']:.2f}x |")
+        print(f"| {r['preset']} | {r['noise_s']:.2f} | {r['noise_ratio']:.2f}x | "
+              f"{r['frozen_s']:.2f} | {r['frozen_ratio']:.2f}x |")
     print(f"\nLargest global microbatch (devices x 2^k, batch {_SEARCH_BATCH.value}) whose "
           f"step compiles under {_CAP_MIB.value:.0f} MiB temp memory per device:\n")
-    print("| model | DP (vmap) microbatch | its temp MiB | non-DP microbatch | its temp MiB |")
-    print("|---|---|---|---|---|")
+    print("| model | DP vmap microbatch | its temp MiB | DP ghost microbatch | its temp MiB | "
+          "non-DP microbatch | its temp MiB |")
+    print("|---|---|---|---|---|---|---|")
     fmt = lambda m, mem: ("none", "-") if m is None else (str(m), f"{mem / MIB:.0f}")  # noqa
     for r in rows:
-        dm, dmem = fmt(r["dp_m"], r["dp_m_mem"])
-        pm, pmem = fmt(r["plain_m"], r["plain_m_mem"])
-        print(f"| {r['preset']} | {dm} | {dmem} | {pm} | {pmem} |")
+        cells = [c for k in ("dp", "ghost", "plain") for c in fmt(r[k + "_m"], r[k + "_m_mem"])]
+        print(f"| {r['preset']} | " + " | ".join(cells) + " |")
     print("\nCompile times (s): " + ", ".join(
-        f"{r['preset']} DP {r['dp_compile']:.1f} / non-DP {r['plain_compile']:.1f}"
-        for r in rows))
+        f"{r['preset']} DP vmap {r['dp_compile']:.1f} / DP ghost {r['ghost_compile']:.1f} / "
+        f"non-DP {r['plain_compile']:.1f}" for r in rows))
     if cal:
         print(f"\nCalibration, T = 1,000,000 steps, N = 83M, batch 131,072, delta = 1e-8, "
               f"target epsilon 8 (PLD): sigma = {cal['sigma']:.5f} in {cal['wall']:.2f} s "

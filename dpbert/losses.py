@@ -243,3 +243,117 @@ def make_pretraining_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False
         return mlm_nsp_loss(out.mlm_logits[0], out.nsp_logits[0], example, target)
 
     return loss_fn
+
+
+# ----------------------------------------------------------------------------- factored form
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoredPretrainingLoss:
+    """The pretraining loss with the tied word-embedding table E [V, H] factored out.
+
+    Calling it is exactly `make_pretraining_loss(...)` (same function, same numerics); the
+    extra methods expose the two places where E enters, for a clipper that computes the
+    per-example norm and clipped sum of E's gradient without a per-example [V, H] array
+    (`dpbert.dp.ghost.TiedEmbeddingClipper`):
+
+        x      = E[lookup_ids(example)]              [S, H]  the input vectors, or the
+                                                             example's `word_embeddings`
+                                                             (dχ token_rep: E not used)
+        f      = transform(encoder(x, ...))[masked]  [P, H]  MLM head features
+        logits = f E^T + b + probe                   [P, V]  probe: zeros whose gradient is
+                                                             d = dL/dlogits
+
+    so that dL/dE = sum_t onehot(id_t) (dL/dx_t)^T + d^T f.  `factored` runs the same
+    submodules as `BertForPreTraining.__call__` in the same order (so one dropout key gives
+    the same dropout masks) and treats E as a constant: its gradient is not formed.
+
+    Attributes:
+      graphdef: from ``nnx.split(model)`` of a `BertForPreTraining`.
+      deterministic: dropout off.
+      mlm_target: a registered MLM target name.
+      frozen_word_embedding: E gets no gradient at all (dχ privacy-adaptive pretraining).
+    """
+
+    graphdef: nnx.GraphDef
+    deterministic: bool = False
+    mlm_target: str = "vanilla"
+    frozen_word_embedding: bool = False
+    # Path names of E in the parameter pytree (`dpbert.dp.trees.path_names` form).
+    table_path: tuple[str, ...] = WORD_EMBEDDING_PATH
+
+    def __post_init__(self):
+        get_mlm_target(self.mlm_target)  # fails early on an unknown name
+
+    @property
+    def _reference(self) -> LossFn:
+        return make_pretraining_loss(self.graphdef, deterministic=self.deterministic,
+                                     mlm_target=self.mlm_target,
+                                     frozen_word_embedding=self.frozen_word_embedding)
+
+    def __call__(self, params: nnx.State, example: Example, rng: jax.Array
+                 ) -> tuple[jax.Array, Metrics]:
+        """Same as the `make_pretraining_loss` function with these settings."""
+        return self._reference(params, example, rng)
+
+    @staticmethod
+    def lookup_ids(example: Example) -> jax.Array | None:
+        """int [S] rows of E looked up as the input vectors, or None when the example carries
+        its own `word_embeddings` (then E is used by the MLM decoder only)."""
+        return None if "word_embeddings" in example else example["input_ids"]
+
+    @staticmethod
+    def zero_probe(example: Example, vocab_size: int) -> jax.Array:
+        """float32 zeros [P, V]: the logits probe of `factored`."""
+        return jnp.zeros((example["masked_lm_positions"].shape[-1], vocab_size), jnp.float32)
+
+    def factored(self, params: nnx.State, example: Example, rng: jax.Array,
+                 x: jax.Array | None, probe: jax.Array
+                 ) -> tuple[jax.Array, tuple[Metrics, jax.Array]]:
+        """The loss as a function of the input vectors and the logits probe.
+
+        Args:
+          params: parameter pytree (E inside it is used by the decoder only, as a constant
+            the caller does not differentiate).
+          example: one unbatched example.
+          rng: dropout key (as for `__call__`).
+          x: float32 [S, H] input vectors, normally E[lookup_ids(example)]; None when
+            `lookup_ids` is None (the example's `word_embeddings` are used).
+          probe: float32 [P, V] added to the MLM logits (zeros: the loss is unchanged).
+
+        Returns:
+          (loss, (metrics, f)): loss and metrics as `__call__` gives them for x = E[ids];
+          f: float32 [P, H], the MLM head features at the masked positions.
+        """
+        model = nnx.merge(self.graphdef, params)
+        batch = jax.tree.map(lambda a: a[None], example)
+        if x is None:
+            x = example["word_embeddings"]
+        rngs = None if self.deterministic else nnx.Rngs(dropout=rng)
+        # The same calls, in the same order, as BertForPreTraining.__call__ (the MLM head has
+        # no dropout), so the dropout stream yields the same masks.
+        sequence_output, pooled = model.bert(
+            batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            deterministic=self.deterministic, rngs=rngs, word_embeddings=x[None])
+        gathered = jnp.take_along_axis(
+            sequence_output, batch["masked_lm_positions"][..., None].astype(jnp.int32), axis=1)
+        head = model.cls.predictions
+        f = head.transform(gathered)[0]
+        table = jax.lax.stop_gradient(model.bert.embeddings.word_embeddings.embedding[...])
+        # = BertLMPredictionHead.__call__ with the probe added.
+        logits = jnp.einsum("ph,vh->pv", f, table.astype(f.dtype),
+                            preferred_element_type=jnp.float32)
+        logits = logits + head.bias[...] + probe
+        nsp_logits = model.cls.seq_relationship(pooled)[0].astype(jnp.float32)
+        loss, metrics = mlm_nsp_loss(logits, nsp_logits, example, get_mlm_target(self.mlm_target))
+        return loss, (metrics, f.astype(jnp.float32))
+
+
+def make_factored_pretraining_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False,
+                                   mlm_target: str = "vanilla",
+                                   frozen_word_embedding: bool = False
+                                   ) -> FactoredPretrainingLoss:
+    """`make_pretraining_loss` with the same arguments, plus the factored view of the tied word
+    embedding (see `FactoredPretrainingLoss`); use it with `dpbert.dp.TiedEmbeddingClipper`."""
+    return FactoredPretrainingLoss(graphdef, deterministic=deterministic, mlm_target=mlm_target,
+                                   frozen_word_embedding=frozen_word_embedding)

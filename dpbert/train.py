@@ -7,7 +7,8 @@ The run, stage by stage (every stage is a small function below):
     data       data_pipelines.pretraining.build_datasets -> random-access train/eval examples
     model      random init of a size preset, or a Hugging Face BERT folder (init_from_hf)
     plan       N, sampling, noise multiplier (given or calibrated), accountant, budget
-    step       ONE jitted, sharded function: per-example clipped gradients (vmap) ->
+    step       ONE jitted, sharded function: per-example clipped gradients (ghost norms for
+               the tied word embedding + vmap for the rest, or all vmap: dp.clipping) ->
                accumulate -> (last call of a logical batch) one Gaussian draw -> optax
                (`dpbert.dp.DPAggregator.update`); state donated, compiled ahead of time
     loop       host: sampler -> each host loads only its rows -> global arrays -> step;
@@ -61,6 +62,8 @@ _EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never r
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"  # what an export needs: model architecture, vocab, tokenizer flags
 REPORT_FILE = "privacy_report.json"
+# dp.clipping values: the tied-embedding ghost clipper (default) or the vmap reference.
+CLIPPERS = ("ghost_embedding", "vmap")
 
 
 class ConfigError(ValueError):
@@ -141,6 +144,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         if d.target_epsilon is not None:
             need(d.target_epsilon > 0, "dp.target_epsilon", "must be > 0")
         need(d.sampling in ("poisson", "shuffle"), "dp.sampling", "must be poisson or shuffle")
+        need(d.clipping in CLIPPERS, "dp.clipping", f"must be one of {CLIPPERS}")
         need(d.noise_mode in ("global", "per_shard"), "dp.noise_mode",
              "must be global or per_shard")
         need(0 < d.overflow_probability < 1, "dp.overflow_probability", "must be in (0, 1)")
@@ -550,18 +554,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
     optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)
-    loss_fn = losses.make_pretraining_loss(graphdef, deterministic=False,
-                                           mlm_target=config.mlm_target,
-                                           frozen_word_embedding=frozen)
     b = config.batch
+    ghost = config.dp.enabled and config.dp.clipping == "ghost_embedding"
+    # The factored loss is the same function, plus the view of the tied word embedding that the
+    # ghost clipper needs.
+    make_loss = losses.make_factored_pretraining_loss if ghost else losses.make_pretraining_loss
+    loss_fn = make_loss(graphdef, deterministic=False, mlm_target=config.mlm_target,
+                        frozen_word_embedding=frozen)
     if config.dp.enabled:
-        updater = dp_lib.DPAggregator(
-            dp_lib.DPConfig(clip_norm=config.dp.clip_norm, noise_multiplier=plan.noise_multiplier,
-                            expected_batch_size=b.expected_batch_size,
-                            microbatch_size=b.microbatch_size,
-                            accumulation_steps=plan.calls_per_batch,
-                            noise_mode=config.dp.noise_mode, num_shards=plan.num_shards),
-            loss_fn, optimizer, trainable=trainable)
+        dp_config = dp_lib.DPConfig(
+            clip_norm=config.dp.clip_norm, noise_multiplier=plan.noise_multiplier,
+            expected_batch_size=b.expected_batch_size, microbatch_size=b.microbatch_size,
+            accumulation_steps=plan.calls_per_batch, noise_mode=config.dp.noise_mode,
+            num_shards=plan.num_shards)
+        clipper = (dp_lib.TiedEmbeddingClipper(dp_config.clip_norm, dp_config.microbatch_size,
+                                               dp_config.num_shards, trainable)
+                   if ghost else None)  # None: DPAggregator's default VmapClipper
+        updater = dp_lib.DPAggregator(dp_config, loss_fn, optimizer, trainable=trainable,
+                                      clipper=clipper)
     else:
         updater = PublicUpdater(loss_fn, optimizer)
     sampler = plan.sampler

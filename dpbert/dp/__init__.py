@@ -3,7 +3,8 @@
 Host side (NumPy, no JAX): `sampling` (Poisson / shuffle samplers producing
 fixed-size padded physical batches) and `accounting` (dp_accounting events,
 epsilon, calibration, budget, privacy report).  Device side (JAX, inside one
-jitted step): `clipping` (per-example clipped gradient sums), `noise`, and
+jitted step): `clipping` (per-example clipped gradient sums; `ghost` for the tied word
+embedding), `noise`, and
 `accumulation` (`DPAggregator`, the composition the training loop calls).
 
 Names are imported lazily so that host-only users (launch/privacy.py) do not
@@ -20,6 +21,7 @@ _EXPORTS = {
                    "scale_noise_multiplier_sqrt"),
     "accumulation": ("DPAggregator", "DPConfig", "DPState"),
     "clipping": ("GradientClipper", "LossFn", "VmapClipper"),
+    "ghost": ("FactoredLoss", "TiedEmbeddingClipper"),
     "noise": ("add_noise", "noise_stddev"),
     "sampling": ("PoissonSampler", "ShuffleSampler", "capacity_for_overflow_probability",
                  "make_sampler"),

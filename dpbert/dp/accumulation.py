@@ -5,7 +5,8 @@ Call sequence (all inside the training loop's ONE jitted, sharded train step;
 
     1. grad_sum, metrics, n_bad = clipper.clipped_sum(loss_fn, params, batch, mask, k)
          float32 sum of clipped per-example gradients of this physical batch
-         (vmap + scan over microbatches).
+         (scan over microbatches; `VmapClipper` by default, or
+         `ghost.TiedEmbeddingClipper` for BERT's tied word embedding).
     2. acc = state.grad_acc + grad_sum            (float32; skipped if accumulation_steps == 1)
     3. if this call completes the logical batch (lax.cond, same jitted function):
          noisy = acc + N(0, (sigma C)^2 I)        one float32 draw, nothing in between

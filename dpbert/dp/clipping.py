@@ -9,8 +9,10 @@ quantity the Gaussian noise is calibrated to, so nothing may happen between it
 and the noise (see `dpbert.dp.accumulation`).
 
 `GradientClipper` is the interface; `VmapClipper` computes per-example gradients
-with ``jax.vmap(jax.grad(...))`` in microbatches.  A ghost-clipping
-implementation can implement the same `clipped_sum` later.
+with ``jax.vmap(jax.grad(...))`` in microbatches.  `dpbert.dp.ghost.TiedEmbeddingClipper`
+gives the same sum for BERT without per-example gradients of the tied word
+embedding (ghost norms); both share the microbatch layout below
+(`scan_microbatches`).
 
 Microbatching and sharding.  ``microbatch_size`` is GLOBAL (all devices
 together).  A physical batch of B examples, sharded over the data axis in
@@ -189,50 +191,84 @@ class VmapClipper:
                     mask: jax.Array, key: jax.Array, *, first_position: jax.Array | int = 0
                     ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
         """See `GradientClipper.clipped_sum`."""
-        batch_size = mask.shape[0]
-        for name, x in batch.items():
-            if x.shape[:1] != (batch_size,):
-                raise ValueError(f"batch[{name!r}] has shape {x.shape}; expected leading "
-                                 f"axis {batch_size} (the mask's)")
-        s, per_shard, n_chunks = self.layout(batch_size)
-
-        def to_chunks(x: jax.Array) -> jax.Array:
-            # [B, ...] -> [S, m/S, n_chunks, ...] -> [n_chunks, S, m/S, ...]
-            return jnp.moveaxis(x.reshape((s, per_shard, n_chunks) + x.shape[1:]), 2, 0)
-
-        # Slot indices with the mask's sharding (replicated + sharded -> sharded), so
-        # that under Explicit mesh axes vmap sees identically sharded inputs.
-        positions = (jnp.zeros_like(mask, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)
-                     + jnp.asarray(first_position, jnp.int32))
-        xs = jax.tree.map(to_chunks, (batch, mask.astype(bool), positions))
-
+        s, per_shard, _ = self.layout(check_batch(batch, mask))
         mask_tree = trees.resolve_trainable_mask(params, self.trainable)
         train_flags = jax.tree.leaves(mask_tree)
         leaves, treedef = jax.tree.flatten(params)
 
-        def chunk_sums(chunk):
-            c_batch, c_mask, c_pos = chunk
-            flat = lambda x: x.reshape((s * per_shard,) + x.shape[2:])  # noqa: E731
+        def chunk_sums(c_batch, c_mask, c_pos):
             clipped, metrics, nonfinite = self.per_example_clipped(
-                loss_fn, params, jax.tree.map(flat, c_batch), flat(c_mask), key, flat(c_pos))
-            # Per-shard partial sums: [s * m/S, ...] -> [s, ...].
-            shard_sum = lambda x: x.reshape((s, per_shard) + x.shape[1:]).sum(1)  # noqa: E731
-            return ([shard_sum(g) for g in clipped],
-                    {k: shard_sum(v) for k, v in metrics.items()},
-                    shard_sum(nonfinite.astype(jnp.int32)))
+                loss_fn, params, c_batch, c_mask, key, c_pos)
+            return ([shard_sum(g, s) for g in clipped],
+                    {k: shard_sum(v, s) for k, v in metrics.items()},
+                    shard_sum(nonfinite.astype(jnp.int32), s))
 
-        # Zero carry with the right structure (metric names come from the loss).
-        carry_shape = jax.eval_shape(chunk_sums, jax.tree.map(lambda x: x[0], xs))
-        init = jax.tree.map(lambda sd: jnp.zeros(sd.shape, sd.dtype,
-                                                 out_sharding=getattr(sd, "sharding", None)),
-                            carry_shape)
-
-        def body(carry, chunk):
-            return jax.tree.map(jnp.add, carry, chunk_sums(chunk)), None
-
-        (g_parts, m_parts, nf_parts), _ = jax.lax.scan(body, init, xs)
+        g_parts, m_parts, nf_parts = scan_microbatches(
+            chunk_sums, batch, mask, first_position, (s, per_shard))
         g_iter = iter([g.sum(0) for g in g_parts])
         grad_sum = jax.tree.unflatten(treedef, [
             next(g_iter) if t else jnp.zeros_like(x, jnp.float32)
             for x, t in zip(leaves, train_flags)])
         return grad_sum, {k: v.sum(0) for k, v in m_parts.items()}, nf_parts.sum(0)
+
+
+def check_batch(batch: Batch, mask: jax.Array) -> int:
+    """The physical batch size B = len(mask); raises if a batch array has another one."""
+    batch_size = mask.shape[0]
+    for name, x in batch.items():
+        if x.shape[:1] != (batch_size,):
+            raise ValueError(f"batch[{name!r}] has shape {x.shape}; expected leading "
+                             f"axis {batch_size} (the mask's)")
+    return batch_size
+
+
+def shard_sum(x: jax.Array, num_shards: int) -> jax.Array:
+    """Per-shard partial sums of a chunk: [S * m/S, ...] -> [S, ...]."""
+    return x.reshape((num_shards, x.shape[0] // num_shards) + x.shape[1:]).sum(1)
+
+
+def scan_microbatches(chunk_sums: Callable[[Batch, jax.Array, jax.Array], PyTree],
+                      batch: Batch, mask: jax.Array, first_position: jax.Array | int,
+                      layout: tuple[int, int]) -> PyTree:
+    """Sum over the microbatches of `chunk_sums`, in the layout of the module docstring.
+
+    Args:
+      chunk_sums: (batch [k, ...], mask bool [k], positions int32 [k]) -> pytree of
+        per-shard partial sums [S, ...] of one microbatch (k = S * m/S examples, shard
+        s owning rows s*m/S .. (s+1)*m/S - 1).
+      batch, mask: the physical batch, leading axis [B].
+      first_position: position of slot 0 in the logical batch.
+      layout: (S, m/S) from `VmapClipper.layout` (B / m chunks).
+
+    Returns:
+      The pytree of `chunk_sums` summed over the chunks (still [S, ...] per shard).
+    """
+    s, per_shard = layout
+    batch_size = mask.shape[0]
+    n_chunks = batch_size // (s * per_shard)
+
+    def to_chunks(x: jax.Array) -> jax.Array:
+        # [B, ...] -> [S, m/S, n_chunks, ...] -> [n_chunks, S, m/S, ...]
+        return jnp.moveaxis(x.reshape((s, per_shard, n_chunks) + x.shape[1:]), 2, 0)
+
+    # Slot indices with the mask's sharding (replicated + sharded -> sharded), so
+    # that under Explicit mesh axes vmap sees identically sharded inputs.
+    positions = (jnp.zeros_like(mask, jnp.int32) + jnp.arange(batch_size, dtype=jnp.int32)
+                 + jnp.asarray(first_position, jnp.int32))
+    xs = jax.tree.map(to_chunks, (batch, mask.astype(bool), positions))
+
+    def flat_chunk(chunk):
+        flat = lambda x: x.reshape((s * per_shard,) + x.shape[2:])  # noqa: E731
+        return chunk_sums(*jax.tree.map(flat, chunk))
+
+    # Zero carry with the right structure (e.g. metric names come from the loss).
+    carry_shape = jax.eval_shape(flat_chunk, jax.tree.map(lambda x: x[0], xs))
+    init = jax.tree.map(lambda sd: jnp.zeros(sd.shape, sd.dtype,
+                                             out_sharding=getattr(sd, "sharding", None)),
+                        carry_shape)
+
+    def body(carry, chunk):
+        return jax.tree.map(jnp.add, carry, flat_chunk(chunk)), None
+
+    total, _ = jax.lax.scan(body, init, xs)
+    return total
