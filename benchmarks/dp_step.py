@@ -166,14 +166,17 @@ class Bench:
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size,
                                        num_shards=self.devices)
+        # As the trainer does: every device draws its part of the noise.
+        spread = sharding.spread_over_devices(self.mesh)
         if clipper == "ghost":
             agg = accumulation.DPAggregator(
                 config, self.factored_loss, self.optimizer, trainable=trainable,
                 clipper=ghost.TiedEmbeddingClipper(config.clip_norm, microbatch_size,
-                                                   self.devices, trainable))
+                                                   self.devices, trainable),
+                noise_draw_sharding=spread)
         else:
             agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
-                                            trainable=trainable)
+                                            trainable=trainable, noise_draw_sharding=spread)
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
@@ -189,7 +192,8 @@ class Bench:
         config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
                                        expected_batch_size=float(_BATCH.value),
                                        num_shards=self.devices)
-        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer)
+        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
+                                        noise_draw_sharding=sharding.spread_over_devices(self.mesh))
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
                              self.params)

@@ -101,6 +101,21 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def spread_over_devices(mesh: Mesh):
+    """shape -> a sharding splitting the first axis divisible by the device count over every
+    device (None if no axis divides). Used to draw DP noise in parallel: every device draws
+    1/P of it instead of all of it for replicated parameters."""
+    n = mesh.size
+
+    def layout(shape: tuple[int, ...]) -> NamedSharding | None:
+        for axis, size in enumerate(shape):
+            if size % n == 0:
+                return NamedSharding(mesh, P(*([None] * axis), BATCH_AXES))
+        return None
+
+    return layout
+
+
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
                     rules: Mapping[str, str | None]) -> P:
     """PartitionSpec for one array; axes that do not divide stay replicated."""

@@ -571,7 +571,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                                                dp_config.num_shards, trainable)
                    if ghost else None)  # None: DPAggregator's default VmapClipper
         updater = dp_lib.DPAggregator(dp_config, loss_fn, optimizer, trainable=trainable,
-                                      clipper=clipper)
+                                      clipper=clipper,
+                                      noise_draw_sharding=sharding.spread_over_devices(mesh))
     else:
         updater = PublicUpdater(loss_fn, optimizer)
     sampler = plan.sampler

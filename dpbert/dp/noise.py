@@ -29,7 +29,7 @@ Keys: leaf i of logical step t uses ``fold_in(fold_in(step_key_base, t), i)``
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,11 +66,20 @@ def noise_stddev(clip_norm: float, noise_multiplier: float, noise_mode: str = "g
     return std
 
 
+DrawSharding = Callable[[tuple[int, ...]], jax.sharding.Sharding | None]
+
+
 def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
-                   trainable: PyTree | None = None) -> PyTree:
+                   trainable: PyTree | None = None,
+                   draw_sharding: DrawSharding | None = None) -> PyTree:
     """float32 N(0, stddev^2) arrays shaped like `tree` (zeros on frozen leaves).
 
     Leaf i (in `jax.tree.leaves` order) uses ``fold_in(key, i)``.
+
+    `draw_sharding(shape)` may name a sharding in which to generate a leaf's noise (e.g. split
+    over every device), so that each device draws only its part of the noise of a replicated
+    parameter instead of all of it. The values do not depend on it: the threefry draw is
+    partitionable, so the noise is bitwise the same however it is laid out.
     """
     leaves, treedef = jax.tree.flatten(tree)
     flags = ([True] * len(leaves) if trainable is None else jax.tree.leaves(trainable))
@@ -81,16 +90,21 @@ def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
         if train and stddev > 0:
             # Drawn directly with the leaf's sharding (Explicit mesh axes); under
             # Auto axes XLA shards the partitionable threefry draw itself.
-            out.append(stddev * jax.random.normal(
+            draw = stddev * jax.random.normal(
                 jax.random.fold_in(key, i), leaf.shape, jnp.float32,
-                out_sharding=trees.explicit_sharding(leaf)))
+                out_sharding=trees.explicit_sharding(leaf))
+            layout = draw_sharding(leaf.shape) if draw_sharding is not None else None
+            if layout is not None and trees.explicit_sharding(leaf) is None:
+                draw = jax.lax.with_sharding_constraint(draw, layout)
+            out.append(draw)
         else:
             out.append(jnp.zeros_like(leaf, jnp.float32))
     return jax.tree.unflatten(treedef, out)
 
 
 def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
-              trainable: trees.TrainableFilter = None) -> PyTree:
+              trainable: trees.TrainableFilter = None,
+              draw_sharding: DrawSharding | None = None) -> PyTree:
     """clipped_sum + N(0, stddev^2 I), float32; frozen leaves get no noise.
 
     Args:
@@ -98,6 +112,7 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
       key: PRNG key unique to this logical step.
       stddev: `noise_stddev(...)`.
       trainable: trainable filter (frozen leaves are left as they are).
+      draw_sharding: optional layout of the draw (see `gaussian_noise`); values unchanged.
 
     Raises:
       TypeError: if a leaf is not float32 (the sum must not be cast before noise).
@@ -107,5 +122,5 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
             raise TypeError(f"clipped sum leaf has dtype {leaf.dtype}; noise is added to "
                             "the float32 sum, with nothing in between")
     mask = trees.resolve_trainable_mask(clipped_sum, trainable)
-    noise = gaussian_noise(clipped_sum, key, stddev, mask)
+    noise = gaussian_noise(clipped_sum, key, stddev, mask, draw_sharding)
     return jax.tree.map(jnp.add, clipped_sum, noise)

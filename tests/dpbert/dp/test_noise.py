@@ -133,3 +133,22 @@ def test_noise_stddev_values():
     assert noise.noise_stddev(2.0, 1.5) == 3.0
     assert noise.noise_stddev(2.0, 1.5, "per_shard", 4) == 6.0
     assert noise.noise_stddev(math.inf, 0.0) == 0.0  # non-private test configuration
+
+
+def test_spreading_the_draw_over_devices_leaves_the_noise_bitwise_unchanged():
+    from dpbert import sharding
+
+    mesh = sharding.make_mesh(4, 2)
+    tree = {"a": jnp.zeros((64, 24), jnp.float32), "b": jnp.zeros((7,), jnp.float32),
+            "c": jnp.zeros((3, 16), jnp.float32)}
+    key = jax.random.key(11)
+    plain = jax.jit(lambda t: noise.add_noise(t, key, 2.5))(tree)
+    spread = jax.jit(lambda t: noise.add_noise(
+        t, key, 2.5, draw_sharding=sharding.spread_over_devices(mesh)),
+        out_shardings=sharding.replicated(mesh))(tree)
+    for k in tree:
+        np.testing.assert_array_equal(np.asarray(plain[k]), np.asarray(spread[k]))
+    layout = sharding.spread_over_devices(mesh)
+    assert layout((64, 24)).spec == jax.sharding.PartitionSpec(("data", "fsdp"))
+    assert layout((3, 16)).spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
+    assert layout((7,)) is None
