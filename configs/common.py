@@ -14,8 +14,8 @@ from data_pipelines import pretraining
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    # Seed of model initialisation and of every random choice of the run (sampling, masking,
-    # dropout, noise) that is not seeded separately below.
+    # Seed of model initialisation, masking and dropout (public). The DP noise and the Poisson
+    # sampling are NOT derived from it: they come from OS entropy (see dp.insecure_seeded_noise).
     c.seed = 0
 
     # ---------------------------------------------------------------------------------- model
@@ -50,7 +50,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.vocab.delta = 1e-6
     # K: at most this many distinct words counted per document/note.
     c.vocab.max_words_per_example = 64
-    # Seed of the vocabulary noise (None = OS entropy, what a real release should use).
+    # Seed of the vocabulary noise: None = OS entropy (a release); an int makes the build
+    # reproducible and NOT private (the run's report and model card then say so).
     c.vocab.seed = config_dict.placeholder(int)
 
     # ----------------------------------------------------------------------------------- data
@@ -107,6 +108,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.dp.noise_mode = "global"
     # What one neighbouring record is: "example" (one [CLS] A [SEP] B [SEP] sequence).
     c.dp.privacy_unit = "example"
+    # False (always, for a release): the noise key and the sampler's seed are drawn from OS
+    # entropy at the start of the run and kept only in its checkpoints. True derives them from
+    # `seed`: runs become reproducible and are NOT private (anyone who knows the seed can remove
+    # the noise); every report and model card of such a run says so. Tests and debugging only.
+    c.dp.insecure_seeded_noise = False
     # Poisson batches are laid out in a fixed capacity (so shapes never change); it is chosen so
     # that a batch overflows (and is truncated, which the accountant accounts for) with at
     # most this probability per step.

@@ -70,7 +70,9 @@ def get_config(arg: str | None = None):
     c.optimizer.warmup_steps = 100
     c.optimizer.weight_decay = 0.01
     c.train.num_steps = 2000
-    c.train.log_every = 1
+    # Exact training metrics of private batches are not covered by epsilon (see the report's
+    # not_covered note): log them every 50 steps, not every step.
+    c.train.log_every = 50
     c.train.eval_every = 100
     c.checkpoint.every_steps = 10
     return c

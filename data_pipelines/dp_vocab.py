@@ -781,6 +781,7 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
             threshold=privacy.threshold,
             delta_noise=privacy.delta_noise,
             delta_threshold=privacy.delta_threshold,
+            secret_randomness=seed is None,
             noise_rng=("numpy Generator(PCG64), " + (
                 "seeded by --seed: reproducible, NOT for a release" if seed is not None
                 else "seeded from 128 bits of OS entropy")),

@@ -61,7 +61,7 @@ FEATURE_KEYS = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
 NO_SUBJECT = -1  # subject id of documents whose patient is unknown (plain-text corpora)
 # Bump when the instance-creation code changes in a way that changes its output: part of the
 # cache fingerprint.
-INSTANCES_FORMAT_VERSION = 2
+INSTANCES_FORMAT_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,6 +242,9 @@ class Instances:
       doc_key: int64 [N], source key of A's document (ROW_ID for notes, stream ordinal for
         text corpora).
       b_doc_key: int64 [N], source key of B's document.
+      a_sentence_start, b_sentence_start: int64 [N], first corpus sentence of A / of B (index
+        into the corpus's sentences; truncation may cut the edge sentences short).
+      a_sentence_count, b_sentence_count: int32 [N], sentences of A / of B.
     """
 
     tokens: np.ndarray
@@ -254,9 +257,14 @@ class Instances:
     b_subject_id: np.ndarray
     doc_key: np.ndarray
     b_doc_key: np.ndarray
+    a_sentence_start: np.ndarray
+    a_sentence_count: np.ndarray
+    b_sentence_start: np.ndarray
+    b_sentence_count: np.ndarray
 
     _ARRAYS = ("tokens", "offsets", "a_lengths", "is_random_next", "doc_index", "b_doc_index",
-               "subject_id", "b_subject_id", "doc_key", "b_doc_key")
+               "subject_id", "b_subject_id", "doc_key", "b_doc_key", "a_sentence_start",
+               "a_sentence_count", "b_sentence_start", "b_sentence_count")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -271,6 +279,14 @@ class Instances:
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         mid = start + int(self.a_lengths[i])
         return self.tokens[start:mid], self.tokens[mid:end]
+
+    def content_hash(self) -> str:
+        """sha256 of the examples' content (tokens and segment layout): equal for the same
+        examples wherever the corpus file lies or whenever it was touched."""
+        h = hashlib.sha256()
+        for name in ("tokens", "offsets", "a_lengths", "is_random_next"):
+            h.update(np.ascontiguousarray(getattr(self, name)).tobytes())
+        return h.hexdigest()
 
     def save(self, directory: str | os.PathLike) -> None:
         """Writes one ``.npy`` per array into ``directory`` (created)."""
@@ -365,6 +381,7 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
     is_random: list[bool] = []
     doc_a: list[int] = []
     doc_b: list[int] = []
+    sentences: list[tuple[int, int, int, int]] = []  # (A first, A count, B first, B count)
     total = params.dupe_factor * num_docs
     bar = tqdm.tqdm(total=total, desc="creating instances", unit=" docs", disable=not progress,
                     mininterval=2.0)
@@ -421,6 +438,7 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
                     is_random.append(random_next)
                     doc_a.append(doc)
                     doc_b.append(b_document)
+                    sentences.append((c0, a_end, b_first, b_n))
                     chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
                 i += 1
             bar.update(1)
@@ -436,6 +454,7 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
     perm_arr = np.asarray(perm)
     doc_a_arr = np.asarray(doc_a, np.int32)[perm_arr]
     doc_b_arr = np.asarray(doc_b, np.int32)[perm_arr]
+    sent = np.asarray(sentences, np.int64).reshape(-1, 4)[perm_arr]
     return Instances(
         tokens=flat.astype(np.int32),
         offsets=offsets,
@@ -446,7 +465,52 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
         subject_id=corpus.subject_ids[doc_a_arr].astype(np.int64),
         b_subject_id=corpus.subject_ids[doc_b_arr].astype(np.int64),
         doc_key=corpus.doc_keys[doc_a_arr].astype(np.int64),
-        b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64))
+        b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64),
+        a_sentence_start=sent[:, 0], a_sentence_count=sent[:, 1].astype(np.int32),
+        b_sentence_start=sent[:, 2], b_sentence_count=sent[:, 3].astype(np.int32))
+
+
+def unit_multiplicities(instances: Instances, num_sentences: int, num_documents: int
+                        ) -> dict[str, Any]:
+    """How many examples one sentence / document / subject of the corpus touches.
+
+    An example touches a sentence if the sentence lies in its segment A or B (a sentence cut
+    short by truncation still counts: an upper bound), a document or a subject if A or B comes
+    from it (once per example). Returns {"sentence" | "document" | "subject": {"max", "mean"}}
+    (means over every sentence / document / known subject of the corpus, untouched ones
+    included; "subject" only when SUBJECT_IDs are known) plus "documents_per_example_max" and
+    "subjects_per_example_max" (1, or 2 when a 'random next' segment B comes from elsewhere).
+    These are exact statistics of the (private) corpus: a report must say they are not
+    privatized.
+    """
+    def stats(counts: np.ndarray, units: int) -> dict[str, float]:
+        return {"max": int(counts.max()) if counts.size else 0,
+                "mean": round(float(counts.sum()) / max(units, 1), 3)}
+
+    delta = np.zeros(num_sentences + 1, np.int64)
+    for start, count in ((instances.a_sentence_start, instances.a_sentence_count),
+                         (instances.b_sentence_start, instances.b_sentence_count)):
+        np.add.at(delta, np.asarray(start), 1)
+        np.add.at(delta, np.asarray(start) + np.asarray(count), -1)
+    per_sentence = np.cumsum(delta[:-1])
+    doc_a, doc_b = np.asarray(instances.doc_index), np.asarray(instances.b_doc_index)
+    other_doc = doc_b != doc_a
+    per_doc = np.bincount(doc_a, minlength=num_documents) + np.bincount(
+        doc_b[other_doc], minlength=num_documents)
+    out: dict[str, Any] = {
+        "sentence": stats(per_sentence, num_sentences),
+        "document": stats(per_doc, num_documents),
+        "documents_per_example_max": 2 if other_doc.any() else 1,
+    }
+    subj_a, subj_b = np.asarray(instances.subject_id), np.asarray(instances.b_subject_id)
+    known = subj_a != NO_SUBJECT
+    if known.any():
+        other_subj = (subj_b != subj_a) & (subj_b != NO_SUBJECT)
+        ids, counts = np.unique(np.concatenate([subj_a[known], subj_b[other_subj]]),
+                                return_counts=True)
+        out["subject"] = stats(counts, len(ids))
+        out["subjects_per_example_max"] = 2 if other_subj.any() else 1
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -728,8 +792,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # Probability that a document's target length is drawn shorter (BERT: 0.1).
     c.short_seq_prob = 0.1
     # Number of instance-creation passes over the corpus (different segmentations). Each pass
-    # adds examples containing the same text: with example-level DP a sentence then appears in
-    # up to dupe_factor examples (group privacy). 1 is right for DP; BERT used 10 offline.
+    # adds examples containing the same text. Even at 1, one sentence lands in several examples
+    # ('random next' segments B copy text of other documents): the privacy report states how
+    # many examples one sentence / document / subject touches. BERT used 10 offline.
     c.dupe_factor = 1
     # Mask whole words (all ## pieces of a word together).
     c.whole_word_masking = False
@@ -970,6 +1035,8 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
                             short_seq_prob=cfg.short_seq_prob,
                             dupe_factor=cfg.dupe_factor, seed=cfg.seed)
     train = create_instances(train_corpus, params)
+    info["unit_multiplicity"] = unit_multiplicities(train, train_corpus.num_sentences,
+                                                    train_corpus.num_documents)
     eval_instances = None
     if eval_corpus.num_documents:
         eval_instances = create_instances(
@@ -1021,6 +1088,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
         train, eval_instances, info, canary_list = _build_instances(cfg, tok)
         meta = {
             "fingerprint": fingerprint, "corpus": cfg.corpus, **info,
+            "content_sha256": train.content_hash(),
             "train_examples": len(train),
             "eval_examples": len(eval_instances) if eval_instances is not None else 0,
             "train_tokens": int(len(train.tokens)),

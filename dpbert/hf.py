@@ -30,10 +30,12 @@ import numpy as np
 from flax import nnx
 
 from dpbert import model as model_lib
+from dpbert import report as report_lib
 
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+VOCAB_REPORT = "vocab_privacy.json"  # the DP vocabulary's report, beside its vocab.txt
 # Buffers some checkpoints carry that are not parameters.
 _IGNORED_SOURCE_KEYS = ("embeddings.position_ids",)
 # Source keys that the tied decoder makes redundant.
@@ -271,7 +273,8 @@ def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any
         "tags:",
         "- bert",
         "- dpbert",
-        *(["- differential-privacy"] if privacy_report else []),
+        *(["- differential-privacy"] if privacy_report and privacy_report.get("private")
+          else []),
         "---",
         "",
         "# BERT exported by dpbert",
@@ -290,33 +293,7 @@ def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any
     ]
     if source:
         lines += [f"Weights were converted from `{source}`.", ""]
-    lines += ["## Privacy", ""]
-    if not privacy_report:
-        lines += [
-            "No differential-privacy guarantee is claimed for this model. It was exported by "
-            "dpbert without a DP training run attached, so it carries whatever the source "
-            "weights learned from their training data.",
-            "",
-        ]
-    else:
-        eps, delta = privacy_report.get("epsilon"), privacy_report.get("delta")
-        unit = privacy_report.get("privacy_unit", "example")
-        lines += [
-            f"Trained with DP-SGD: ({eps}, {delta})-differential privacy with respect to one "
-            f"{unit} of the training data, as computed by the `{privacy_report.get('accountant')}`"
-            " accountant of `dp_accounting`. The guarantee covers the training run that produced "
-            "these weights, not any earlier (e.g. public) pretraining they started from, and "
-            "it assumes the vocabulary was built without looking at the private data or with its "
-            "own DP guarantee.",
-            "",
-        ]
-        if privacy_report.get("proven_bound") is False:
-            lines += [f"**Caveat:** {privacy_report.get('note', 'the epsilon is not a proven bound.')}",
-                      ""]
-        lines += ["| field | value |", "|---|---|"]
-        lines += [f"| {k} | {json.dumps(v) if not isinstance(v, str) else v} |"
-                  for k, v in privacy_report.items()]
-        lines.append("")
+    lines += report_lib.card_section(privacy_report)
     return "\n".join(lines)
 
 
@@ -328,7 +305,9 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     """Writes a HF BERT folder that `transformers.BertForPreTraining.from_pretrained` loads.
 
     Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
-    card with a privacy section; `privacy_report` is the training's report when there is one).
+    card with a privacy section; `privacy_report` is the training's report when there is one),
+    and vocab_privacy.json when the vocabulary has one beside it (only its shippable fields:
+    its privacy cost then travels with the vocabulary into runs that start from this folder).
     All files are written to a temporary folder first and moved in at the end, so a failure
     leaves an existing `path` as it was.
     """
@@ -358,6 +337,10 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        vocab_report = pathlib.Path(vocab_file).parent / VOCAB_REPORT
+        if vocab_report.is_file():
+            public = report_lib.public_vocab_report(json.loads(vocab_report.read_text()))
+            (tmp / VOCAB_REPORT).write_text(json.dumps(public, indent=2) + "\n")
         for f in tmp.iterdir():
             os.replace(f, out / f.name)
     # A stale pytorch_model.bin would shadow nothing (safetensors wins) but confuses readers.

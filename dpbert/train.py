@@ -15,9 +15,19 @@ The run, stage by stage (every stage is a small function below):
                accountant, metrics, eval, orbax checkpoints, SIGTERM
     end        privacy_report.json, WORKDIR/hf (Hugging Face export with a privacy card)
 
-Determinism: every random choice is a pure function of (seed, step/call, example index) --
-the sampler, masking, dropout keys and noise keys -- so a run killed at any point and resumed
-from its last checkpoint ends with bitwise the same parameters as an uninterrupted run (CPU).
+Randomness: initialisation, masking and dropout derive from config.seed (public); the DP noise
+key and the Poisson sampler's seed are SECRET: drawn from OS entropy when a run starts and kept
+only in its checkpoints (`dpbert.dp.randomness`), so nobody who reads config.json, a log or the
+export can predict the noise or the batches. Every random choice is a pure function of those
+keys and (step/call, example index), so a run killed at any point and resumed from its last
+checkpoint ends with bitwise the same parameters as an uninterrupted one (CPU).
+dp.insecure_seeded_noise=True derives the secrets from config.seed instead: reproducible across
+runs, NOT private, and every report says so.
+
+Accounting across resumes: the checkpoint holds the privacy ledger (`dpbert.dp.ledger`: every
+segment's mechanism and steps); a calibrated sigma is reused, never recalibrated; a resume that
+changes the mechanism (per-shard noise on another device count) adds a segment whose
+composition dp_accounting accounts; the budget covers the composition.
 
 Privacy: only aggregates over a whole batch are logged (metric totals, never per-example
 values); throughput is reported from public quantities (expected batch size), not from the
@@ -27,7 +37,6 @@ realised Poisson batch sizes.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -54,7 +63,10 @@ from dpbert import losses
 from dpbert import metrics as metrics_lib
 from dpbert import model as model_lib
 from dpbert import optimizers
+from dpbert import report as report_lib
 from dpbert import sharding
+from dpbert.dp import ledger as ledger_lib
+from dpbert.dp import randomness
 
 PyTree = Any
 _DCHI_STREAM = 0x0D1  # key domain of dχ privatization (apart from the DP engine's streams)
@@ -148,6 +160,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         need(d.noise_mode in ("global", "per_shard"), "dp.noise_mode",
              "must be global or per_shard")
         need(0 < d.overflow_probability < 1, "dp.overflow_probability", "must be in (0, 1)")
+        need(isinstance(d.insecure_seeded_noise, bool), "dp.insecure_seeded_noise",
+             "must be True or False")
     else:
         need(b.expected_batch_size == b.physical_batch_size, "batch.expected_batch_size",
              "without DP, batches are fixed: set it equal to batch.physical_batch_size")
@@ -184,21 +198,27 @@ def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
     return data
 
 
+def _vocab_report(vocab_file: pathlib.Path) -> dict | None:
+    report = vocab_file.parent / hf.VOCAB_REPORT
+    return json.loads(report.read_text()) if report.is_file() else None
+
+
 def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
-                  workdir: pathlib.Path) -> tuple[str, dict | None]:
-    """(vocab.txt path, the vocabulary's privacy report or None)."""
+                  workdir: pathlib.Path) -> tuple[str, dict | None, str]:
+    """(vocab.txt path, the vocabulary's privacy report or None, where it came from: "file",
+    "checkpoint" or "built"). A vocab_privacy.json beside the vocab.txt (dpbert's exports carry
+    it) is the vocabulary's report: its cost enters the run's total."""
     if config.vocab.file:
         path = pathlib.Path(config.vocab.file)
         if not path.is_file():
             raise ConfigError(f"config.vocab.file={config.vocab.file!r}: file not found")
-        report = path.parent / "vocab_privacy.json"
-        return str(path), (json.loads(report.read_text()) if report.is_file() else None)
+        return str(path), _vocab_report(path), "file"
     if config.model.init_from_hf:
         path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
         if not path.is_file():
             raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
                               "vocab.txt; set config.vocab.file")
-        return str(path), None
+        return str(path), _vocab_report(path), "checkpoint"
     out = workdir / "vocab"
     if not (out / "vocab.txt").is_file():
         if data.corpus not in ("text", "noteevents"):
@@ -219,8 +239,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 v.delta if v.dp else None, v.max_words_per_example, out, dp=v.dp,
                 do_lower_case=data.do_lower_case, seed=v.seed, progress=False)
         _sync("vocabulary")
-    report = out / "vocab_privacy.json"
-    return str(out / "vocab.txt"), (json.loads(report.read_text()) if report.is_file() else None)
+    return str(out / "vocab.txt"), _vocab_report(out / "vocab.txt"), "built"
 
 
 def _sync(what: str) -> None:
@@ -280,20 +299,30 @@ def make_privatizer(config: ml_collections.ConfigDict, model: model_lib.BertForP
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The run's numbers, fixed before the first step (all public)."""
+    """The run's numbers, fixed before the first step (all public but the sampler's seed)."""
 
     num_examples: int
     num_shards: int
     calls_per_batch: int
     noise_multiplier: float | None
-    num_steps: int
-    sampler: Any = dataclasses.field(repr=False)  # (seed, call) -> padded indices + mask
-    spec: Any | None  # dp_lib.AccountingSpec of the mechanism really run; None without DP
-    max_steps_by_budget: int | None
+    num_steps: int  # the global step to stop at
+    sampler: Any = dataclasses.field(repr=False)  # (secret seed, call) -> padded indices + mask
+    ledger: ledger_lib.PrivacyLedger | None  # what is accounted; None without DP
+    max_steps_by_budget: int | None  # global step the budget allows, or None
+
+    @property
+    def spec(self) -> dp_lib.AccountingSpec | None:
+        """The mechanism of the current segment (None without DP)."""
+        return None if self.ledger is None else self.ledger.current
 
 
-def make_plan(config: ml_collections.ConfigDict, num_examples: int, num_shards: int) -> Plan:
+def make_plan(config: ml_collections.ConfigDict, num_examples: int, num_shards: int, *,
+              sampler_seed: int | None = None, saved_ledger: list | None = None,
+              start_step: int = 0) -> Plan:
+    """The plan of a fresh run, or of a resumed one (`saved_ledger` and `start_step` from its
+    checkpoint). `sampler_seed` is the run's secret seed (default config.seed: tests only)."""
     b, d = config.batch, config.dp
+    seed = config.seed if sampler_seed is None else sampler_seed
     if b.physical_batch_size % num_shards:
         raise ConfigError(
             f"config.batch.physical_batch_size={b.physical_batch_size} is not divisible by the "
@@ -307,7 +336,7 @@ def make_plan(config: ml_collections.ConfigDict, num_examples: int, num_shards: 
     if not d.enabled:
         sampler = dp_lib.make_sampler("shuffle", num_examples=num_examples,
                                       expected_batch_size=b.physical_batch_size,
-                                      physical_batch_size=b.physical_batch_size, seed=config.seed)
+                                      physical_batch_size=b.physical_batch_size, seed=seed)
         return Plan(num_examples, num_shards, 1, None, config.train.num_steps, sampler, None,
                     None)
     if d.delta >= 1.0 / num_examples:
@@ -327,31 +356,62 @@ def make_plan(config: ml_collections.ConfigDict, num_examples: int, num_shards: 
     sampler = dp_lib.make_sampler(d.sampling, num_examples=num_examples,
                                   expected_batch_size=b.expected_batch_size,
                                   physical_batch_size=b.physical_batch_size,
-                                  calls_per_batch=calls, seed=config.seed)
+                                  calls_per_batch=calls, seed=seed)
     # The accounted mechanism is read off the sampler (sampling, N, q, truncation size).
     spec = dp_lib.AccountingSpec.from_sampler(
         sampler, noise_multiplier=d.noise_multiplier or 1.0, delta=d.delta,
         noise_mode=d.noise_mode, num_shards=num_shards, accountant=d.accountant)
     if d.noise_multiplier is None:
-        sigma = dp_lib.calibrate_noise_multiplier(
-            target_epsilon=d.target_epsilon, steps=config.train.num_steps,
-            expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
-            delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
-            noise_mode=spec.noise_mode, num_shards=spec.num_shards,
-            max_batch_size=spec.max_batch_size)
-        logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps", sigma,
-                     d.target_epsilon, config.train.num_steps)
+        if saved_ledger:
+            # Calibrated once, at the start of the run: recalibrating on resume (say, for more
+            # steps) would claim the target while the steps already taken spent more.
+            sigma = float(saved_ledger[-1]["spec"]["noise_multiplier"])
+            logging.info("noise multiplier %.4f: calibrated at the start of this run (read from "
+                         "the checkpoint, not recalibrated)", sigma)
+        else:
+            sigma = dp_lib.calibrate_noise_multiplier(
+                target_epsilon=d.target_epsilon, steps=config.train.num_steps,
+                expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
+                delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
+                noise_mode=spec.noise_mode, num_shards=spec.num_shards,
+                max_batch_size=spec.max_batch_size)
+            logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps", sigma,
+                         d.target_epsilon, config.train.num_steps)
         spec = spec.replace(noise_multiplier=sigma)
+    if saved_ledger:
+        ledger, in_segment = ledger_lib.PrivacyLedger.resume(saved_ledger, spec)
+        if ledger.closed_steps + in_segment != start_step:
+            raise ConfigError(f"the checkpoint's privacy ledger covers "
+                              f"{ledger.closed_steps + in_segment} steps but the checkpoint is at "
+                              f"step {start_step}: refusing to resume an inconsistent checkpoint")
+        if ledger.closed:
+            logging.warning("the privacy mechanism changed on resume (e.g. per-shard noise on "
+                            "another device count): epsilon composes %d segments",
+                            len(ledger.closed) + 1)
+    else:
+        ledger = ledger_lib.PrivacyLedger.fresh(spec)
     num_steps, by_budget = config.train.num_steps, None
     if d.target_epsilon is not None:
-        by_budget = dp_lib.max_steps_within_budget(spec, d.target_epsilon,
-                                                   upper_limit=max(num_steps, 1))
+        allowed = ledger.max_steps_within_budget(
+            d.target_epsilon, upper_limit=max(num_steps - ledger.closed_steps, 1))
+        by_budget = ledger.closed_steps + allowed
         num_steps = min(num_steps, by_budget)
         if num_steps == 0:
             raise ConfigError(f"config.dp.target_epsilon={d.target_epsilon}: not even one step "
                               f"fits the budget with noise multiplier {spec.noise_multiplier}")
-    return Plan(num_examples, num_shards, calls, spec.noise_multiplier, num_steps, sampler, spec,
-                by_budget)
+        if num_steps < start_step:
+            raise ConfigError(
+                f"config.dp.target_epsilon={d.target_epsilon}: the checkpoint at step "
+                f"{start_step} already exceeds it (the budget allows {num_steps} steps)")
+        if 0 < start_step == num_steps < config.train.num_steps:
+            logging.warning(
+                "config.dp.target_epsilon=%s is spent: the checkpoint at step %d has epsilon "
+                "%.4g and one more step would exceed the target, so train.num_steps=%d cannot be "
+                "reached; finishing at step %d (raise dp.target_epsilon to train on)",
+                d.target_epsilon, start_step, ledger.epsilon(start_step - ledger.closed_steps),
+                config.train.num_steps, start_step)
+    return Plan(num_examples, num_shards, calls, spec.noise_multiplier, num_steps, sampler,
+                ledger, by_budget)
 
 
 # ---------------------------------------------------------------------------------- updaters
@@ -368,10 +428,9 @@ class PublicUpdater:
         self.loss_fn = loss_fn
         self.optimizer = optimizer
 
-    def init(self, params: PyTree, rng: int) -> Any:
-        return dp_lib.DPState(grad_acc=None, micro_step=jnp.zeros((), jnp.int32),
-                              step=jnp.zeros((), jnp.int32),
-                              rng=jnp.asarray(jax.random.PRNGKey(rng), jnp.uint32))
+    def init(self, params: PyTree, rng: int, noise_key: Any = None) -> Any:
+        from dpbert.dp import accumulation  # noqa: PLC0415
+        return accumulation.init_state(rng, noise_key)
 
     def update(self, state, params, opt_state, batch, mask):
         key = jax.random.fold_in(state.rng, state.step)
@@ -448,7 +507,7 @@ def state_shardings(state: TrainState, param_shardings: PyTree, mesh) -> TrainSt
     opt = opt_state_shardings(state.opt_state, state.params, param_shardings, mesh)
     dp_state = state.dp.replace(
         grad_acc=None if state.dp.grad_acc is None else param_shardings,
-        micro_step=rep, step=rep, rng=rep)
+        micro_step=rep, step=rep, rng=rep, noise_key=rep)
     return TrainState(params=param_shardings, opt_state=opt, dp=dp_state)
 
 
@@ -491,26 +550,18 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _report(plan: Plan, config, steps: int, vocab_report: dict | None,
-            stopped_by_budget: bool) -> dict:
-    if plan.spec is None:
-        report = {"dp": False, "epsilon": None, "steps": steps,
-                  "note": "trained without differential privacy (dp.enabled=False)"}
-    else:
-        report = dp_lib.privacy_report(plan.spec, steps, clip_norm=config.dp.clip_norm,
-                                       privacy_unit=config.dp.privacy_unit)
-        report["dp"] = True
-        report["target_epsilon"] = config.dp.target_epsilon
-        report["stopped_by_budget"] = stopped_by_budget
-        report["not_covered"] = (
-            "Training and held-out metrics (metrics.jsonl, TensorBoard, the console) are exact "
-            "aggregates over batches of the private data, not privatized: epsilon does not "
-            "cover them. Share the model and this report, not the logs.")
-    if vocab_report is not None:
-        keep = ("dp", "epsilon", "delta", "max_words_per_example", "example_definition",
-                "mechanism", "accounting")
-        report["vocabulary"] = {k: vocab_report[k] for k in keep if k in vocab_report}
-    return report
+def _report(plan: Plan, config, steps: int, vocab: dict, stopped_by_budget: bool,
+            secret: bool, data_meta: dict) -> dict:
+    """privacy_report.json (`dpbert.report`): the total over vocabulary and training."""
+    training = None
+    if plan.ledger is not None:
+        training = report_lib.training_part(
+            plan.ledger, steps - plan.ledger.closed_steps, clip_norm=config.dp.clip_norm,
+            privacy_unit=config.dp.privacy_unit, secret=secret,
+            target_epsilon=config.dp.target_epsilon, stopped_by_budget=stopped_by_budget)
+    return report_lib.run_report(training, vocab, privacy_unit=config.dp.privacy_unit,
+                                 max_seq_length=config.data.max_seq_length,
+                                 multiplicity=data_meta.get("unit_multiplicity"), steps=steps)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
@@ -529,17 +580,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                                       max_to_keep=config.checkpoint.max_to_keep,
                                       async_save=config.checkpoint.async_save)
     latest = ckpt.latest_step()
+    saved = None
     if latest is not None:  # refuse an incompatible checkpoint before any expensive work
-        checkpointing.check_compatible(ckpt.read_meta(latest)["signature"], signature,
-                                       str(workdir))
-    _write_json(workdir / CONFIG_FILE, config_dict)
+        saved = ckpt.read_meta(latest)
+        checkpointing.check_compatible(saved["signature"], signature, str(workdir))
+    if saved is not None:  # the run's secrets live in its checkpoint
+        secrets = None
+        sampler_seed, secret = int(saved["sampler"]["seed"]), bool(saved["secret_randomness"])
+    else:
+        secrets = randomness.for_run(config.dp.insecure_seeded_noise or not config.dp.enabled,
+                                     config.seed)
+        sampler_seed, secret = secrets.sampler_seed, secrets.secret
 
     data_config = prepare_corpus(config, workdir)
-    vocab_file, vocab_report = prepare_vocab(config, data_config, workdir)
+    vocab_file, vocab_report, vocab_origin = prepare_vocab(config, data_config, workdir)
     train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file)
+    data_hash = train_ds.metadata.get("content_sha256")
+    if saved is not None and saved.get("data_fingerprint") != data_hash:
+        raise ConfigError(
+            f"{workdir}: the training examples differ from those the checkpoint was trained on "
+            f"(content sha256 {str(saved.get('data_fingerprint'))[:12]}... -> "
+            f"{str(data_hash)[:12]}...); privacy accounting assumes one dataset. Use a fresh "
+            "--workdir for new data.")
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    plan = make_plan(config, train_ds.num_examples, sharding.num_batch_shards(mesh))
+    plan = make_plan(config, train_ds.num_examples, sharding.num_batch_shards(mesh),
+                     sampler_seed=sampler_seed,
+                     saved_ledger=saved.get("accounting") if saved else None,
+                     start_step=int(saved["step"]) if saved else 0)
     logging.info("plan: %s", plan)
+    vocab_part = report_lib.vocabulary_part(
+        vocab_report, vocab_origin,
+        train_ds.metadata.get("unit_multiplicity", {}).get("documents_per_example_max", 2))
+    # Written once the run is known to go ahead (a refused rerun leaves it as it was).
+    _write_json(workdir / CONFIG_FILE, config_dict)
 
     model = build_model(config, len(hf.read_vocab(vocab_file)))
     _write_json(workdir / RUN_FILE, {
@@ -577,33 +650,26 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
         updater = PublicUpdater(loss_fn, optimizer)
     sampler = plan.sampler
 
+    # The secret noise key is an argument (not a constant baked into the program); on resume
+    # the restored state brings its own.
+    noise_key = (secrets.noise_key_array() if secrets is not None else
+                 np.zeros(2, np.uint32))
     shardings_tree = state_shardings(
         TrainState(params, jax.eval_shape(optimizer.init, params),
-                   jax.eval_shape(functools.partial(updater.init, rng=config.seed), params)),
+                   jax.eval_shape(lambda p, k: updater.init(p, config.seed, k), params,
+                                  noise_key)),
         pure_param_shardings(model, mesh), mesh)
-    init_fn = jax.jit(lambda p: TrainState(p, optimizer.init(p), updater.init(p, config.seed)),
+    init_fn = jax.jit(lambda p, k: TrainState(p, optimizer.init(p),
+                                              updater.init(p, config.seed, k)),
                       out_shardings=shardings_tree)
-    state = init_fn(params)
-    del model, param_state, params
+    state = init_fn(params, noise_key)
+    del model, param_state, params, noise_key
 
-    budget = None
-    if plan.spec is not None and config.dp.target_epsilon is not None:
-        budget = dp_lib.PrivacyBudget(plan.spec, config.dp.target_epsilon,
-                                      max_steps=plan.max_steps_by_budget)
     start_step = 0
     if latest is not None:
         state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
         sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
-        if budget is not None:
-            # The limit is a pure function of the plan (the run may have been extended with a
-            # larger train.num_steps); only the count of steps taken carries over.
-            if start_step > budget.max_steps:
-                raise ConfigError(
-                    f"config.dp.target_epsilon={config.dp.target_epsilon}: the checkpoint at "
-                    f"step {start_step} already exceeds it (the budget allows "
-                    f"{budget.max_steps} steps)")
-            budget.load_state_dict({**budget.state_dict(), "steps_taken": start_step})
         logging.info("resumed from %s at step %d", ckpt.directory / str(latest), start_step)
 
     batch_sharding = sharding.batch_sharding(mesh)
@@ -661,10 +727,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     def save(step_now: int) -> None:
         if step_now in ckpt.all_steps():  # e.g. the periodic save already wrote the last step
             return
-        report = _report(plan, config, step_now, vocab_report, stopped_by_budget)
+        report = _report(plan, config, step_now, vocab_part, stopped_by_budget, secret,
+                         train_ds.metadata)
+        # The checkpoint is private: it holds the sampler's secret seed and (in `state`) the
+        # secret noise key, besides the un-noised accumulator.
         meta = {"step": step_now, "signature": signature, "sampler": sampler.state_dict(),
-                "budget": budget.state_dict() if budget else None,
-                "data_fingerprint": train_ds.metadata.get("fingerprint"),
+                "secret_randomness": secret,
+                "accounting": (plan.ledger.to_json(step_now - plan.ledger.closed_steps)
+                               if plan.ledger is not None else None),
+                "data_fingerprint": data_hash,
                 "privacy_report": report}
         ckpt.save(step_now, state, meta)
         _write_json(workdir / REPORT_FILE, report)
@@ -682,8 +753,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                 sampler.call = (step + 1) * plan.calls_per_batch
                 step += 1
                 steps_since += 1
-                if budget is not None:
-                    budget.record_step()
                 if step % config.train.log_every == 0 or step == plan.num_steps:
                     scalars = metrics_lib.summarize(jax.device_get(totals), "train/")
                     scalars["train/num_nonfinite"] = float(totals["num_nonfinite"])
@@ -692,8 +761,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     scalars["perf/examples_per_sec"] = steps_since * b.expected_batch_size / dt
                     scalars["perf/tokens_per_sec"] = (scalars["perf/examples_per_sec"]
                                                       * data_config.max_seq_length)
-                    if plan.spec is not None:
-                        scalars["privacy/epsilon"] = dp_lib.progress_epsilon(plan.spec, step)
+                    if plan.ledger is not None:
+                        scalars["privacy/epsilon"] = plan.ledger.progress_epsilon(
+                            step - plan.ledger.closed_steps)
                     writer.write(step, scalars)
                     progress.report(step, scalars)
                     totals, t_last, steps_since = None, time.time(), 0
@@ -711,7 +781,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
                     raise SystemExit(143)
         finally:
             del batches  # stops the reader thread
-    # plan.num_steps is already capped by the budget; record_step() would refuse a step past it.
+    # plan.num_steps is already capped by the budget.
     if plan.max_steps_by_budget is not None and step == plan.max_steps_by_budget < \
             config.train.num_steps:
         stopped_by_budget = True
@@ -725,7 +795,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     save(step)
     ckpt.close()
     writer.close()
-    report = _report(plan, config, step, vocab_report, stopped_by_budget)
+    report = _report(plan, config, step, vocab_part, stopped_by_budget, secret,
+                     train_ds.metadata)
     _write_json(workdir / REPORT_FILE, report)
     if config.train.export_hf and _is_primary():
         _export(nnx.merge(graphdef, jax.device_get(state.params)), workdir / "hf",
@@ -747,10 +818,12 @@ def _summary_line(step: int, report: dict, initial: dict, final: dict,
                    f"{final['eval/mlm_loss']:.2f})")
         parts.append(acc)
     if report.get("dp"):
-        parts.append(f"epsilon = {report['epsilon']:.4f} at delta = {report['delta']:g} "
-                     f"({report['accountant']}, {report['sampling']} sampling)")
+        t = report["training"]
+        parts.append(f"training epsilon = {t['epsilon']:.4f} at delta = {t['delta']:g} "
+                     f"({t['accountant']}, {t['sampling']} sampling)")
         if stopped_by_budget:
             parts.append("stopped by the privacy budget")
+        parts.append(report["headline"])
     else:
         parts.append("no differential privacy (dp.enabled=False)")
     return " | ".join(parts)
@@ -759,8 +832,7 @@ def _summary_line(step: int, report: dict, initial: dict, final: dict,
 def _export(model: model_lib.BertForPreTraining, out: pathlib.Path, run: dict,
             report: dict | None) -> pathlib.Path:
     return hf.save_pretrained(model, out, run["vocab_file"], do_lower_case=run["do_lower_case"],
-                              model_max_length=run["max_seq_length"],
-                              privacy_report=report if report and report.get("dp") else None,
+                              model_max_length=run["max_seq_length"], privacy_report=report,
                               source=run.get("init_from_hf"))
 
 

@@ -192,8 +192,9 @@ def make_accountant(accountant: str = "pld", *,
     return rdp_privacy_accountant.RdpAccountant()
 
 
-def _event_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str,
-                   pld_discretization: float) -> float:
+def event_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str,
+                  pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
+    """Epsilon of any dp_accounting event by a fresh accountant of the named kind."""
     acc = make_accountant(accountant, pld_discretization=pld_discretization)
     if not acc.supports(event):
         raise ValueError(
@@ -282,8 +283,8 @@ class AccountingSpec:
     def epsilon(self, steps: int, *,
                 pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
         """Epsilon after `steps` logical steps at this spec's delta."""
-        return _event_epsilon(self.event(steps), self.delta, self.accountant,
-                              pld_discretization)
+        return event_epsilon(self.event(steps), self.delta, self.accountant,
+                             pld_discretization)
 
     def replace(self, **changes) -> "AccountingSpec":
         return dataclasses.replace(self, **changes)
@@ -339,7 +340,8 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
 
 
 def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
-                      discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
+                      discretization: float = DEFAULT_PLD_DISCRETIZATION,
+                      prior: tuple = ()) -> float:
     """PLD epsilon of `steps` steps, computed with dp_accounting's PLD objects.
 
     Mathematically the same as `spec.epsilon` with the PLD accountant.  It exists
@@ -351,6 +353,23 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     Dense single-step PLDs are composed exactly as the accountant does.  Every
     calibrated value is re-checked with the real accountant.
     """
+    composed = _composed_pld(sigma_eff, spec, steps, discretization)
+    if prior:
+        # Earlier segments of a resumed run (`dpbert.dp.ledger`), composed first.
+        for segment in prior:
+            earlier = _composed_pld(segment.spec.effective_noise_multiplier, segment.spec,
+                                    segment.steps, discretization)
+            composed = earlier if composed is None else earlier.compose(composed)
+    if composed is None:
+        return 0.0
+    return float(composed.get_epsilon_for_delta(spec.delta))
+
+
+def _composed_pld(sigma_eff: float, spec: AccountingSpec, steps: int,
+                  discretization: float) -> pld_lib.PrivacyLossDistribution | None:
+    """The PLD of `steps` steps of `spec` (None for 0 steps)."""
+    if steps <= 0:
+        return None
     single = _single_step_pld(sigma_eff, spec.q, spec.num_examples, spec.max_batch_size,
                               discretization)
     # Private attribute, used only to pick the faster of two equivalent paths.
@@ -360,9 +379,14 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
         composed = single.self_compose(64).self_compose(blocks)
         if rest:
             composed = composed.compose(single.self_compose(rest))
-    else:
-        composed = single.self_compose(steps)
-    return float(composed.get_epsilon_for_delta(spec.delta))
+        return composed
+    return single.self_compose(steps)
+
+
+def fast_pld_epsilon(spec: AccountingSpec, steps: int, prior: tuple = ()) -> float:
+    """`_fast_pld_epsilon` at the spec's own noise, after the segments `prior` (for progress
+    logs and budget searches of resumed runs; reports use the accountant itself)."""
+    return _fast_pld_epsilon(spec.effective_noise_multiplier, spec, steps, prior=tuple(prior))
 
 
 def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float,
@@ -492,7 +516,7 @@ def recalibrate_for_batch_size(*, noise_multiplier: float, old_batch_size: float
 # ----------------------------------------------------------------------------
 
 def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
-                            upper_limit: int = 10**8) -> int:
+                            upper_limit: int = 10**8, prior: tuple = ()) -> int:
     """Largest T <= upper_limit with spec.epsilon(T) <= target_epsilon (0 if none).
 
     Exact for `spec.epsilon` (the reported epsilon): epsilon(T) <= target <
@@ -500,24 +524,38 @@ def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
     looser, so its T is a lower estimate), then the fast PLD path, and ends with
     dp_accounting's accountant on the final candidates.  One-off cost at the
     start of a run: a few seconds for T ~ 1e6.
+
+    `prior`: segments (`dpbert.dp.ledger.Segment`) that ran before this spec's steps; T is
+    then the largest count whose composition with them stays within the target (0 if the
+    prior segments alone exceed it).
     """
     _check_positive("target_epsilon", target_epsilon)
     upper_limit = _check_int("upper_limit", upper_limit, minimum=1)
+    prior = tuple(s for s in prior if s.steps > 0)
+
+    def epsilon(steps: int) -> float:
+        if not prior:
+            return spec.epsilon(steps)
+        events = [s.spec.event(s.steps) for s in prior] + ([spec.event(steps)] if steps else [])
+        return event_epsilon(dp_accounting.ComposedDpEvent(events), spec.delta, spec.accountant)
 
     def ok(steps: int) -> bool:
-        return steps == 0 or spec.epsilon(steps) <= target_epsilon
+        return (steps == 0 and not prior) or epsilon(steps) <= target_epsilon
 
+    if prior and not ok(0):
+        return 0
     if spec.accountant == "rdp":
         return _last_true(ok, 1, upper_limit, first_step=1)
     start = 1
-    if spec.max_batch_size is None or spec.max_batch_size >= spec.num_examples:
+    if not prior and (spec.max_batch_size is None or spec.max_batch_size >= spec.num_examples):
         rdp_spec = spec.replace(accountant="rdp")
         start = max(1, _last_true(
             lambda t: t == 0 or rdp_spec.epsilon(t) <= target_epsilon, 1, upper_limit,
             first_step=1))
     sigma_eff = spec.effective_noise_multiplier
     fast = _last_true(
-        lambda t: t == 0 or _fast_pld_epsilon(sigma_eff, spec, t) <= target_epsilon,
+        lambda t: (t == 0 and not prior) or _fast_pld_epsilon(
+            sigma_eff, spec, t, prior=prior) <= target_epsilon,
         start, upper_limit, first_step=max(1, start // 100))
     return _last_true(ok, max(fast, 1), upper_limit, first_step=1)
 

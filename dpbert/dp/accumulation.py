@@ -22,11 +22,14 @@ result does not depend (beyond float rounding) on how a logical batch is split
 into calls and microbatches, because per-example RNG keys depend on the
 example's position and the noise key on the logical step only.
 
-Randomness is owned by the state (`DPState.rng`, a raw uint32[2] key):
+Randomness is owned by the state (raw uint32[2] keys):
   example at position p of logical batch t: fold_in(fold_in(fold_in(rng, 0), t), p)
       (dropout; p = micro_step * physical_batch_size + slot in the call)
-  noise of logical batch t, leaf i:         fold_in(fold_in(fold_in(rng, 1), t), i)
-so noise keys never repeat across steps or leaves and never equal a dropout key.
+  noise of logical batch t, leaf i:         fold_in(fold_in(noise_key, t), i)
+`DPState.rng` may be public (dropout keys need not be secret); `DPState.noise_key` must be
+secret: the training loop draws it from OS entropy (`dpbert.dp.randomness`). Without an
+explicit noise key, `init` derives it from `rng` as fold_in(rng, 1) -- reproducible and NOT
+private (tests). Noise keys never repeat across steps or leaves.
 
 Sharding: `DPAggregator.state_sharding(param_shardings, replicated)` gives the
 state's shardings (grad_acc like the params, counters and rng replicated) for the
@@ -148,13 +151,29 @@ class DPState:
         as the training data, and never log it.
       micro_step: int32 [], calls already accumulated in the current logical batch.
       step: int32 [], logical steps (noise draws, optimizer updates) completed.
-      rng: uint32 [2], raw PRNG key from which all engine randomness derives.
+      rng: uint32 [2], raw PRNG key of per-example randomness (dropout).
+      noise_key: uint32 [2], raw PRNG key of the Gaussian noise (secret: it is private like
+        the data, kept only in checkpoints; never logged).
     """
 
     grad_acc: PyTree
     micro_step: jax.Array
     step: jax.Array
     rng: jax.Array
+    noise_key: jax.Array
+
+
+def init_state(rng: jax.Array | int, noise_key: jax.Array | None = None,
+               grad_acc: PyTree = None) -> DPState:
+    """A `DPState` at step 0 (see `DPAggregator.init`)."""
+    if isinstance(rng, int):
+        rng = jax.random.PRNGKey(rng)
+    rng = jnp.asarray(rng, jnp.uint32)
+    if noise_key is None:
+        noise_key = jax.random.fold_in(rng, _NOISE_STREAM)
+    return DPState(grad_acc=grad_acc, micro_step=jnp.zeros((), jnp.int32),
+                   step=jnp.zeros((), jnp.int32), rng=rng,
+                   noise_key=jnp.asarray(noise_key, jnp.uint32))
 
 
 class DPAggregator:
@@ -185,15 +204,14 @@ class DPAggregator:
         self.clipper = clipper or clipping.VmapClipper(
             config.clip_norm, config.microbatch_size, config.num_shards, trainable)
 
-    def init(self, params: PyTree, rng: jax.Array | int) -> DPState:
-        """Initial state; `rng` is an int seed or a raw uint32[2] key."""
-        if isinstance(rng, int):
-            rng = jax.random.PRNGKey(rng)
+    def init(self, params: PyTree, rng: jax.Array | int,
+             noise_key: jax.Array | None = None) -> DPState:
+        """Initial state; `rng` is an int seed or a raw uint32[2] key; `noise_key` a raw
+        uint32[2] secret key (None: fold_in(rng, 1), reproducible and NOT private)."""
         trees.resolve_trainable_mask(params, self.trainable)  # validate early
         acc = (None if self.config.accumulation_steps == 1 else
                jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params))
-        return DPState(grad_acc=acc, micro_step=jnp.zeros((), jnp.int32),
-                       step=jnp.zeros((), jnp.int32), rng=jnp.asarray(rng, jnp.uint32))
+        return init_state(rng, noise_key, acc)
 
     def state_sharding(self, param_sharding: PyTree, replicated: Any) -> DPState:
         """Shardings of a `DPState`: grad_acc like the params, the rest replicated.
@@ -202,7 +220,8 @@ class DPAggregator:
         call to call (no recompilation, no resharding).
         """
         acc = None if self.config.accumulation_steps == 1 else param_sharding
-        return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated)
+        return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated,
+                       noise_key=replicated)
 
     def example_key(self, state: DPState) -> jax.Array:
         """Key of the current logical batch's examples (example at position p:
@@ -211,7 +230,7 @@ class DPAggregator:
 
     def noise_key(self, state: DPState) -> jax.Array:
         """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
-        return jax.random.fold_in(jax.random.fold_in(state.rng, _NOISE_STREAM), state.step)
+        return jax.random.fold_in(state.noise_key, state.step)
 
     def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> PyTree:
         """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32."""

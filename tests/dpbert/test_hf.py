@@ -121,16 +121,50 @@ def test_export_reloads_in_transformers(hf_folder, tmp_path):
     assert "## Privacy" in card and "No differential-privacy guarantee is claimed" in card
 
 
+def _report(secret: bool, vocab_report=None):
+    from dpbert import report as report_lib
+    from dpbert.dp import accounting
+    from dpbert.dp import ledger
+
+    spec = accounting.AccountingSpec(noise_multiplier=1.0, expected_batch_size=100,
+                                     num_examples=10_000, delta=1e-6)
+    training = report_lib.training_part(
+        ledger.PrivacyLedger.fresh(spec), 50, clip_norm=1.0, privacy_unit="example",
+        secret=secret, target_epsilon=None, stopped_by_budget=False)
+    vocab = report_lib.vocabulary_part(vocab_report, "file", 2)
+    return report_lib.run_report(training, vocab, privacy_unit="example", max_seq_length=128,
+                                 multiplicity=None, steps=50)
+
+
 def test_model_card_carries_privacy_report(hf_folder, tmp_path):
     folder, _ = hf_folder
     model, _ = hf.load_pretrained(folder)
-    report = {"epsilon": 2.5, "delta": 1e-8, "accountant": "pld", "privacy_unit": "example",
-              "proven_bound": True}
+    report = _report(secret=True)
     out_dir = hf.save_pretrained(model, tmp_path / "e", folder / "vocab.txt",
                                  privacy_report=report)
     card = (out_dir / "README.md").read_text()
-    assert "(2.5, 1e-08)-differential privacy" in card and "differential-privacy" in card
+    assert report["headline"] in card and "- differential-privacy" in card
+    assert report["headline"].startswith(f"({report['epsilon']:.3g}, 1e-06)-differential privacy")
+    assert "one training sequence of at most 128 tokens" in card
+    assert "assumed public" in card  # a vocab file without a report beside it
     assert "No differential-privacy guarantee" not in card
+
+
+def test_model_card_of_a_seeded_run_says_not_private(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    model, _ = hf.load_pretrained(folder)
+    vocab_report = {"dp": True, "epsilon": 1.0, "delta": 1e-7, "secret_randomness": False,
+                    "num_examples": 1234}
+    for secret, reason in ((False, "dp.insecure_seeded_noise=True"),
+                           (True, "vocab.seed set")):
+        report = _report(secret=secret, vocab_report=vocab_report)
+        out_dir = hf.save_pretrained(model, tmp_path / str(secret), folder / "vocab.txt",
+                                     privacy_report=report)
+        card = (out_dir / "README.md").read_text()
+        assert report["private"] is False
+        assert report["headline"].startswith("NOT PRIVATE: ") and reason in report["headline"]
+        assert report["headline"] in card and "- differential-privacy" not in card
+        assert "1234" not in card  # the vocabulary's exact corpus counts are not shipped
 
 
 @pytest.mark.parametrize("arch", ["BertModel", "BertForMaskedLM"])

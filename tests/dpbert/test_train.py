@@ -4,6 +4,7 @@ kill-and-resume, SIGTERM, budget, bad configs, export."""
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,7 +42,12 @@ SMALL = {
     "train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2, "train.eval_batches": 1,
     "train.eval_batch_size": 16, "optimizer.warmup_steps": 1, "checkpoint.every_steps": 2,
     "checkpoint.async_save": False,
+    # Runs that are compared with each other share their randomness: a seeded vocabulary and
+    # noise/sampling from config.seed (NOT private). The secret path is what the demo and
+    # test_secret_* tests run.
+    "vocab.seed": 0, "dp.insecure_seeded_noise": True,
 }
+SECRET = {"vocab.seed": None, "dp.insecure_seeded_noise": False}
 
 
 def override(c, values: dict):
@@ -95,24 +101,37 @@ def cli_train_args(workdir, cache_dir, extra=()):
 @pytest.mark.slow
 def test_demo_config_end_to_end(cache_dir, tmp_path):
     workdir = tmp_path / "run"
-    report = train.train_and_evaluate(small_config(cache_dir), workdir)
+    report = train.train_and_evaluate(small_config(cache_dir, **SECRET), workdir)
     saved = json.loads((workdir / "privacy_report.json").read_text())
+    training = saved["training"]
     for field in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
                   "clip_norm", "sampling", "expected_batch_size", "num_examples", "steps",
                   "accountant", "privacy_unit", "noise_mode"):
-        assert field in saved, field
+        assert field in training, field
     assert saved == json.loads(json.dumps(report, default=str))
-    assert saved["steps"] == 4 and np.isfinite(saved["epsilon"]) and saved["epsilon"] > 0
+    assert training["steps"] == 4 and np.isfinite(training["epsilon"]) and training["epsilon"] > 0
+    assert training["secret_randomness"] is True and saved["private"] is True
     assert saved["vocabulary"]["dp"] is True
-    # The reported epsilon is what launch/privacy.py says for the same parameters.
+    # The reported training epsilon is what launch/privacy.py says for the same parameters.
     proc = subprocess.run(
         [sys.executable, str(REPO / "launch" / "privacy.py"), "epsilon",
-         f"--num_examples={saved['num_examples']}", "--batch_size=16",
-         "--noise_multiplier=1.0", "--steps=4", f"--delta={saved['delta']}",
-         f"--max_batch_size={saved['max_batch_size']}", "--json"],
+         f"--num_examples={training['num_examples']}", "--batch_size=16",
+         "--noise_multiplier=1.0", "--steps=4", f"--delta={training['delta']}",
+         f"--max_batch_size={training['max_batch_size']}", "--json"],
         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout)["epsilon"] == pytest.approx(saved["epsilon"], rel=1e-9)
+    assert json.loads(proc.stdout)["epsilon"] == pytest.approx(training["epsilon"], rel=1e-9)
+    # The headline is the total: the vocabulary (counted once per note a sequence reads from)
+    # plus training, by basic composition.
+    vocab = saved["vocabulary"]
+    k = saved["unit_multiplicity"]["documents_per_example_max"]
+    assert k in (1, 2) and vocab["documents_per_unit"] == k
+    assert vocab["epsilon"] == pytest.approx(k * vocab["vocabulary_epsilon"])
+    assert saved["epsilon"] == pytest.approx(vocab["epsilon"] + training["epsilon"])
+    assert saved["delta"] == pytest.approx(vocab["delta"] + training["delta"])
+    for unit in ("sentence", "document", "subject"):
+        m = saved["unit_multiplicity"][unit]
+        assert m["max"] >= 1 and 0 < m["mean"] <= m["max"], (unit, m)
     # TensorBoard event files and the metric log.
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -124,7 +143,20 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
                                                                    output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     card = (workdir / "hf" / "README.md").read_text()
-    assert f"({saved['epsilon']}, {saved['delta']})-differential privacy" in card
+    assert saved["headline"] in card and f"({saved['epsilon']:.3g}, " in saved["headline"]
+    assert "one training sequence of at most 32 tokens" in card
+    assert "one sentence in up to" in card and "one subject in up to" in card
+    assert "| vocabulary.epsilon |" in card and '"dp": true' not in card  # fields, not JSON
+    # The vocabulary's report travels with the export, without the corpus counts.
+    shipped = json.loads((workdir / "hf" / "vocab_privacy.json").read_text())
+    assert shipped["epsilon"] == vocab["vocabulary_epsilon"] and "num_examples" not in shipped
+    # Nothing that derives the noise or the batches is written outside the checkpoint.
+    sampler_seed = train.checkpointing.Checkpointer(workdir / "checkpoints").read_meta(4)[
+        "sampler"]["seed"]
+    for path in workdir.rglob("*"):
+        if path.is_file() and "checkpoints" not in path.parts and path.suffix in (
+                ".json", ".jsonl", ".md", ".txt"):
+            assert str(sampler_seed) not in path.read_text(errors="ignore"), path
     # Exporting a saved step from the workdir gives the same weights.
     proc = run_cli(REPO / "launch" / "export_hf.py", f"--workdir={workdir}",
                    f"--out={tmp_path / 'exp2'}", "--step=2")
@@ -288,31 +320,148 @@ def _wait_for_checkpoint(workdir: pathlib.Path, proc, min_step: int, timeout=300
 
 @pytest.mark.slow
 def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
-    steps = ["--config.train.num_steps=8", "--config.checkpoint.every_steps=3",
-             "--config.train.export_hf=False"]
-    c = small_config(cache_dir, **{"train.num_steps": 8, "checkpoint.every_steps": 3,
-                                   "train.export_hf": False})
-    train.train_and_evaluate(c, tmp_path / "straight")
-    resumed = tmp_path / "resumed"
-    # 1) kill -9 after the step-3 checkpoint is complete.
-    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    """Secret noise and sampling (the default): a run killed with -9, resumed, stopped with
+    SIGTERM and resumed again ends bitwise equal to its twin, which continued without
+    interruption from the same checkpoint (the only way two runs share secrets)."""
+    overrides = {"train.num_steps": 8, "checkpoint.every_steps": 3, "train.export_hf": False,
+                 "checkpoint.max_to_keep": 5}
+    flags = ["--config.dp.insecure_seeded_noise=False"] + [
+        f"--config.{k}={v}" for k, v in overrides.items()]
+    resumed, twin = tmp_path / "resumed", tmp_path / "twin"
+    # 1) kill -9 after the step-3 checkpoint is complete; the twin branches off here.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
     _wait_for_checkpoint(resumed, proc, 3)
     proc.kill()
     proc.wait()
+    shutil.copytree(resumed, twin)
+    train.train_and_evaluate(small_config(cache_dir, **overrides,
+                                          **{"dp.insecure_seeded_noise": False}), twin)
     # 2) resume; SIGTERM after the step-6 checkpoint: saves the current step and exits 143.
-    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
     _wait_for_checkpoint(resumed, proc, 6)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode in (0, 143), out[-3000:]
     # 3) resume to the end.
-    proc = run_cli(*cli_train_args(resumed, cache_dir, steps))
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
-    a, step_a = final_params(tmp_path / "straight")
+    a, step_a = final_params(twin)
     b, step_b = final_params(resumed)
     assert step_a == step_b == 8
     assert_trees(a, b, exact=True)
+    report = json.loads((resumed / "privacy_report.json").read_text())
+    assert report["training"]["secret_randomness"] is True
+
+
+@pytest.mark.slow
+def test_secret_randomness_differs_between_runs_of_the_same_command(cache_dir, tmp_path):
+    # Two steps: the learning rate of the first (warm-up) step is 0.
+    c = small_config(cache_dir, **{"train.num_steps": 2, "train.export_hf": False,
+                                   "train.eval_every": 0, "checkpoint.every_steps": 0,
+                                   "dp.insecure_seeded_noise": False})
+    for name in ("a", "b"):
+        train.train_and_evaluate(c, tmp_path / name)
+    a, _ = final_params(tmp_path / "a")
+    b, _ = final_params(tmp_path / "b")
+    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    assert all(moved)  # every leaf got other noise
+    # The config written to the workdir is the same; nothing in it derives the noise.
+    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json"
+                                                             ).read_text()
+
+
+def test_resume_reuses_the_calibrated_sigma_and_the_budget_covers_it(cache_dir):
+    """A calibrated run extended with more steps keeps its sigma (the first segment spent at
+    that sigma) and the budget stops it; a larger target lets it go on at the same sigma."""
+    c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 2.0,
+                                   "train.num_steps": 2, **UNTRUNCATED})
+    first = train.make_plan(c, 1000, 8)
+    sigma, saved = first.noise_multiplier, first.ledger.to_json(2)
+    assert first.ledger.epsilon(2) <= 2.0
+    c.train.num_steps = 20
+    spent = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=2)
+    assert spent.noise_multiplier == sigma and spent.num_steps == 2
+    assert spent.ledger.epsilon(2) == first.ledger.epsilon(2)
+    c.dp.target_epsilon = 3.0
+    more = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=2)
+    assert more.noise_multiplier == sigma and 2 < more.num_steps < 20
+    direct = lambda t: dp_lib.compute_epsilon(noise_multiplier=sigma, expected_batch_size=16,
+                                              num_examples=1000, steps=t, delta=1e-4)
+    assert more.ledger.epsilon(more.num_steps) == pytest.approx(direct(more.num_steps), rel=1e-12)
+    assert direct(more.num_steps) <= 3.0 < direct(more.num_steps + 1)
+
+
+def _composed(segments, delta=1e-4, n=1000, b=16):
+    """dp_accounting's epsilon of Poisson segments [(sigma_eff, steps)], written here."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(b / n, dp_accounting.GaussianDpEvent(s)), t)
+        for s, t in segments])
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(delta)
+
+
+def test_per_shard_resume_on_other_devices_composes_the_segments(cache_dir):
+    c = small_config(cache_dir, **{"dp.noise_mode": "per_shard", "dp.target_epsilon": None,
+                                   "train.num_steps": 30, **UNTRUNCATED})
+    one = train.make_plan(c, 1000, 1)
+    saved = one.ledger.to_json(10)
+    c.train.num_steps = 40
+    eight = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=10)
+    assert [s.steps for s in eight.ledger.closed] == [10]
+    expected = _composed([(1.0, 10), (8 ** 0.5, 30)])
+    assert eight.ledger.epsilon(30) == pytest.approx(expected, rel=1e-9)
+    assert eight.ledger.progress_epsilon(30) == pytest.approx(expected, rel=1e-6)
+    # The budget counts the first segment too.
+    c.dp.target_epsilon = (_composed([(1.0, 10), (8 ** 0.5, 20)]) +
+                           _composed([(1.0, 10), (8 ** 0.5, 21)])) / 2
+    capped = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=10)
+    assert capped.num_steps == 30
+    # A ledger that does not match the checkpoint's step is refused.
+    with pytest.raises(train.ConfigError, match="ledger covers 10 steps"):
+        train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=12)
+
+
+@pytest.mark.slow
+def test_per_shard_resume_from_one_to_eight_devices_reports_the_composition(cache_dir,
+                                                                           tmp_path):
+    c = small_config(cache_dir, **{"dp.noise_mode": "per_shard", "train.num_steps": 1,
+                                   "train.export_hf": False, "train.eval_every": 0,
+                                   "checkpoint.every_steps": 1})
+    train.train_and_evaluate(c, tmp_path / "run", devices=jax.devices()[:1])
+    c.train.num_steps = 3
+    report = train.train_and_evaluate(c, tmp_path / "run")
+    t = report["training"]
+    segments = t["segments"]
+    assert [(s["spec"]["num_shards"], s["steps"]) for s in segments] == [(1, 1), (8, 2)]
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+    n, m = t["num_examples"], t["max_batch_size"]
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.TruncatedSubsampledGaussianDpEvent(n, 16 / n, m, s), k)
+        for s, k in ((1.0, 1), (8 ** 0.5, 2))])
+    direct = pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(t["delta"])
+    assert t["epsilon"] == pytest.approx(direct, rel=1e-9) and t["steps"] == 3
+
+
+@pytest.mark.slow
+def test_resume_on_changed_training_data_is_refused(cache_dir, tmp_path):
+    from data_pipelines import synthetic_notes
+
+    corpus = tmp_path / "notes.txt.gz"
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
+    c = small_config(cache_dir, **{"train.num_steps": 1, "train.export_hf": False,
+                                   "train.eval_every": 0, "data.corpus": "text",
+                                   "data.paths": (str(corpus),)})
+    train.train_and_evaluate(c, tmp_path / "run")
+    # Other notes in the same file: the config is unchanged, the data are not.
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=4))
+    config_before = (tmp_path / "run" / "config.json").stat().st_mtime_ns
+    with pytest.raises(train.ConfigError, match="training examples differ"):
+        train.train_and_evaluate(c, tmp_path / "run")
+    assert (tmp_path / "run" / "config.json").stat().st_mtime_ns == config_before
 
 
 @pytest.fixture(scope="module")

@@ -257,3 +257,15 @@ def test_spec_from_sampler_accounts_the_sampler_truncation():
     spec = accounting.AccountingSpec.from_sampler(shuffle, noise_multiplier=1.0, delta=1e-6)
     assert spec.max_batch_size is None and spec.sampling == "shuffle"
     assert not spec.proven_bound
+
+
+def test_run_secrets_round_trip_and_hide_their_values():
+    from dpbert.dp import randomness
+
+    drawn = randomness.RunSecrets.draw()
+    assert drawn.secret and randomness.RunSecrets.from_array(drawn.to_array()) == drawn
+    assert str(drawn.sampler_seed) not in repr(drawn) and str(drawn.noise_key[0]) not in repr(drawn)
+    assert randomness.RunSecrets.draw() != drawn  # OS entropy, not a seed
+    seeded = randomness.RunSecrets.seeded(5)
+    assert not seeded.secret and seeded == randomness.RunSecrets.seeded(5)
+    assert randomness.for_run(True, 5) == seeded and randomness.for_run(False, 5).secret

@@ -1,0 +1,141 @@
+"""The privacy ledger of a run that may span several segments (host side, no JAX).
+
+A run is resumed from its checkpoints any number of times. Most resumes continue the same
+mechanism, but some change what one logical step costs: ``noise_mode="per_shard"`` adds
+sigma * C per batch shard, so resuming on another device count changes the effective noise
+multiplier sigma * sqrt(P). The ledger keeps every *segment* (a mechanism, `AccountingSpec`,
+and how many logical steps ran under it) and accounts their composition with dp_accounting:
+
+    epsilon = accountant.compose(ComposedDpEvent([segment_1 event, ..., segment_k event]))
+
+so the reported epsilon is the one really spent, however the run was interrupted. The ledger is
+written into every checkpoint (`to_json`) and read back on resume (`PrivacyLedger.resume`).
+With a single segment its event is exactly `AccountingSpec.event`, so a run that was never
+resumed (or resumed without change) reports what `compute_epsilon` reports.
+
+Rules that keep the ledger honest (enforced by the training loop):
+  * a noise multiplier calibrated from ``dp.target_epsilon`` is calibrated once, at the start of
+    the run, and then read from the ledger on every resume, never recalibrated;
+  * delta and the accountant are the same in every segment (they are part of the run's
+    signature);
+  * a budget (``dp.target_epsilon``) caps the steps of the current segment so that the
+    composition of all segments stays within it (`max_steps_within_budget`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import dp_accounting
+
+from dpbert.dp import accounting
+
+_SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(accounting.AccountingSpec))
+
+
+def spec_to_dict(spec: accounting.AccountingSpec) -> dict[str, Any]:
+    """JSON-safe fields of a spec (floats round-trip exactly through json)."""
+    return dataclasses.asdict(spec)
+
+
+def spec_from_dict(fields: dict[str, Any]) -> accounting.AccountingSpec:
+    unknown = set(fields) - set(_SPEC_FIELDS)
+    if unknown:
+        raise ValueError(f"privacy ledger entry has unknown fields {sorted(unknown)}")
+    return accounting.AccountingSpec(**fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """`steps` logical steps (noise draws) run under the mechanism `spec`."""
+
+    spec: accounting.AccountingSpec
+    steps: int
+
+    def event(self) -> dp_accounting.DpEvent:
+        return self.spec.event(self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": spec_to_dict(self.spec), "steps": int(self.steps),
+                "effective_noise_multiplier": self.spec.effective_noise_multiplier}
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyLedger:
+    """Earlier segments of a run (`closed`) and the mechanism of the current one (`current`).
+
+    Every method that takes `steps` means the number of logical steps of the CURRENT segment;
+    the run's global step is ``closed_steps + steps``.
+    """
+
+    closed: tuple[Segment, ...]
+    current: accounting.AccountingSpec
+
+    def __post_init__(self):
+        for seg in self.closed:
+            if seg.spec.delta != self.current.delta or seg.spec.accountant != \
+                    self.current.accountant:
+                raise ValueError(
+                    "privacy ledger: every segment of a run must have the same delta and "
+                    f"accountant (a segment has delta={seg.spec.delta}, "
+                    f"accountant={seg.spec.accountant!r}; the current run delta="
+                    f"{self.current.delta}, accountant={self.current.accountant!r})")
+
+    @classmethod
+    def fresh(cls, spec: accounting.AccountingSpec) -> "PrivacyLedger":
+        return cls((), spec)
+
+    @classmethod
+    def resume(cls, saved: Sequence[dict[str, Any]], current: accounting.AccountingSpec
+               ) -> tuple["PrivacyLedger", int]:
+        """The ledger of a resumed run and the steps already taken in its current segment.
+
+        `saved` is `to_json` of the checkpoint. If `current` is the mechanism of the last saved
+        segment, that segment continues (its steps carry over); otherwise it is closed and a
+        new segment starts at 0 steps.
+        """
+        segments = [Segment(spec_from_dict(s["spec"]), int(s["steps"])) for s in saved]
+        if segments and segments[-1].spec == current:
+            return cls(tuple(segments[:-1]), current), segments[-1].steps
+        return cls(tuple(s for s in segments if s.steps > 0), current), 0
+
+    @property
+    def closed_steps(self) -> int:
+        return sum(s.steps for s in self.closed)
+
+    def segments(self, steps: int) -> list[Segment]:
+        return [*self.closed, Segment(self.current, steps)]
+
+    def to_json(self, steps: int) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.segments(steps)]
+
+    def event(self, steps: int) -> dp_accounting.DpEvent:
+        """The dp_accounting event of the whole run so far."""
+        if not self.closed:
+            return self.current.event(steps)
+        return dp_accounting.ComposedDpEvent([s.event() for s in self.segments(steps)
+                                              if s.steps > 0])
+
+    def epsilon(self, steps: int) -> float:
+        """Epsilon of the whole run (a fresh dp_accounting accountant on `event`)."""
+        if steps == 0 and not self.closed_steps:
+            return 0.0
+        if not self.closed:
+            return self.current.epsilon(steps)
+        return accounting.event_epsilon(self.event(steps), self.current.delta,
+                                        self.current.accountant)
+
+    def progress_epsilon(self, steps: int) -> float:
+        """`epsilon` for progress logs (PLD: cached single-step distributions)."""
+        if not self.closed:
+            return accounting.progress_epsilon(self.current, steps)
+        if self.current.accountant != "pld":
+            return self.epsilon(steps)
+        return accounting.fast_pld_epsilon(self.current, steps, prior=self.closed)
+
+    def max_steps_within_budget(self, target_epsilon: float, upper_limit: int) -> int:
+        """Largest number of current-segment steps T <= upper_limit whose whole-run epsilon
+        is <= target_epsilon (0 if not even one fits)."""
+        return accounting.max_steps_within_budget(self.current, target_epsilon,
+                                                  upper_limit=upper_limit, prior=self.closed)

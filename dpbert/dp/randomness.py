@@ -1,0 +1,88 @@
+"""The secret randomness of a DP run: the noise key and the sampler seed (host side).
+
+DP-SGD's guarantee assumes that nobody can predict the Gaussian noise or which examples a
+logical batch holds. If both derive from a seed that is written down (a config file, a log, a
+model card), anyone who has that seed can regenerate the noise and subtract it from a released
+update: the guarantee is void. So a DP run draws them from the operating system's entropy
+(`secrets`) when it starts, keeps them only in its checkpoints (private, like the training
+data: they already hold un-noised gradient sums), and reads them back on resume so that a
+resumed run is bitwise the run it would have been.
+
+`RunSecrets.seeded(seed)` derives both from a public seed instead. That makes runs
+reproducible for tests and debugging, and is NOT private: every report and model card of such
+a run says so (`SEEDED_NOTE`).
+
+Multi-host: process 0 draws, every process receives the same values (`broadcast`), since all
+hosts must add the same noise and load the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+
+import numpy as np
+
+SEEDED_NOTE = ("NOT private: noise and batch sampling derived from a public seed "
+               "(dp.insecure_seeded_noise=True); anyone who knows the seed can remove the noise. "
+               "For tests and debugging only.")
+SECRET_NOTE = ("Noise and batch sampling are drawn from OS entropy at the start of the run and "
+               "kept only in the (private) checkpoints.")
+_NOISE_STREAM = 1  # the engine's former noise stream of the seed's key (bitwise compatible)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSecrets:
+    """noise_key: raw uint32[2] JAX PRNG key of the DP noise; sampler_seed: Poisson sampler
+    seed (non-negative, < 2**63); secret: False when derived from a public seed."""
+
+    noise_key: tuple[int, int]
+    sampler_seed: int
+    secret: bool
+
+    def __repr__(self) -> str:  # never print the values (logs are not private)
+        return f"RunSecrets(secret={self.secret}, values hidden)"
+
+    @classmethod
+    def draw(cls) -> "RunSecrets":
+        """Fresh secrets from OS entropy (`secrets`, i.e. os.urandom)."""
+        return cls((secrets.randbits(32), secrets.randbits(32)), secrets.randbits(63), True)
+
+    @classmethod
+    def seeded(cls, seed: int) -> "RunSecrets":
+        """Public-seed values (NOT private): the noise key is fold_in(PRNGKey(seed), 1) and the
+        sampler seed is `seed`, which is what every run used before secrets existed."""
+        import jax  # noqa: PLC0415  (host-only users need not import JAX)
+
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), _NOISE_STREAM)
+        k0, k1 = (int(x) for x in np.asarray(key, np.uint32).reshape(2))
+        return cls((k0, k1), int(seed), False)
+
+    def to_array(self) -> np.ndarray:
+        seed = self.sampler_seed
+        return np.asarray([*self.noise_key, seed >> 32, seed & 0xFFFFFFFF, int(self.secret)],
+                          np.uint32)
+
+    @classmethod
+    def from_array(cls, a: np.ndarray) -> "RunSecrets":
+        a = [int(x) for x in np.asarray(a, np.uint32)]
+        return cls((a[0], a[1]), (a[2] << 32) | a[3], bool(a[4]))
+
+    def broadcast(self) -> "RunSecrets":
+        """Process 0's values on every process (identity in a single-process run)."""
+        import jax  # noqa: PLC0415
+
+        if jax.process_count() == 1:
+            return self
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        return RunSecrets.from_array(
+            np.asarray(multihost_utils.broadcast_one_to_all(self.to_array())))
+
+    def noise_key_array(self) -> np.ndarray:
+        return np.asarray(self.noise_key, np.uint32)
+
+
+def for_run(insecure_seeded: bool, seed: int) -> RunSecrets:
+    """The secrets of a fresh run: drawn (and shared by all processes), or seeded."""
+    return RunSecrets.seeded(seed) if insecure_seeded else RunSecrets.draw().broadcast()
