@@ -585,9 +585,9 @@ def test_real_corpora_feed_the_training_loop(shared_data, cache_dir, tmp_path, c
         c.data.paths = (str(shared_data / "corpus" / "web_bible.txt.gz"),)
         c.data.eval_split_unit = "document"
     report = train.train_and_evaluate(c, tmp_path / corpus)
-    assert report["steps"] == 2 and report["delta"] == 1e-6
+    assert report["steps"] == 2 and report["training"]["delta"] == 1e-6
     assert report["vocabulary"]["dp"] is True
-    assert report["num_examples"] > 100
+    assert report["training"]["num_examples"] > 100
     assert (tmp_path / corpus / "vocab" / "vocab.txt").is_file()
 
 
