@@ -58,9 +58,10 @@ def _vocab_file() -> str:
 
 
 def _offline(vocab: str):
+    from configs import common  # noqa: PLC0415
     from data_pipelines import pretraining  # noqa: PLC0415
 
-    cfg = pretraining.default_data_config()
+    cfg = common.data_config()
     if _CORPUS.value == "web_bible":
         if not WEB_BIBLE.is_file():
             sys.exit(f"{WEB_BIBLE} is absent (it lives in ../shared/data beside the checkout); "
@@ -129,7 +130,7 @@ def main(argv):
     del argv
     import jax  # noqa: PLC0415
 
-    from data_pipelines import pretraining  # noqa: PLC0415
+    from data_pipelines import datasets  # noqa: PLC0415
 
     vocab = _vocab_file()
     ds, offline_s = _offline(vocab)
@@ -156,7 +157,7 @@ def main(argv):
             else:
                 # The pipeline prepares the next batches in a background thread while the
                 # step computes; the first batch is waited for before the clock starts.
-                batches = pretraining.prefetch(
+                batches = datasets.prefetch(
                     lambda s: ds.get_batch(rng.integers(0, ds.num_examples, batch), step=s),
                     0, steps + 1, buffer_size=2)
                 next(batches)

@@ -9,7 +9,6 @@ and override what differs. Any field can be overridden on the command line:
 import ml_collections
 from ml_collections import config_dict
 
-from data_pipelines import pretraining
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -55,9 +54,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.vocab.seed = config_dict.placeholder(int)
 
     # ----------------------------------------------------------------------------------- data
-    # Corpus, example creation (BERT's create_pretraining_data) and masking; see
-    # data_pipelines.pretraining.default_data_config for every field.
-    c.data = pretraining.default_data_config()
+    # Corpus, example creation (BERT's create_pretraining_data) and masking: `data_config` below.
+    c.data = data_config()
 
     # ------------------------------------------------------------------- privacy-adaptive (dχ)
     # MLM target (dpbert.losses registry): "vanilla" (predict the privatized token, Qu et al.
@@ -172,4 +170,81 @@ def get_config() -> ml_collections.ConfigDict:
     # state over "fsdp". -1 = the devices that remain.
     c.mesh.data = -1
     c.mesh.fsdp = 1
+    return c
+
+
+def data_config() -> ml_collections.ConfigDict:
+    """The ``data`` section: corpus, example creation (BERT's create_pretraining_data) and
+    masking, read by ``data_pipelines.pretraining.build_datasets``."""
+    c = ml_collections.ConfigDict()
+    # Which corpus: "text" (BERT text files), "noteevents" (MIMIC-III NOTEEVENTS.csv(.gz)),
+    # "synthetic" (generated clinical notes, no files needed) or "tfds" (prepared TFDS datasets).
+    c.corpus = "synthetic"
+    # Input files. text: one or more files, one sentence per line, blank line between documents
+    # (.gz allowed). noteevents: one NOTEEVENTS.csv or NOTEEVENTS.csv.gz.
+    c.paths = ()
+    # noteevents / tfds mimic_noteevents: keep only notes of these CATEGORY values, e.g.
+    # ("Discharge summary",); () keeps all.
+    c.noteevents_categories = ()
+    # synthetic: number of generated notes and their seed.
+    c.synthetic_num_notes = 2000
+    c.synthetic_seed = 0
+    # tfds: dataset names read with tfds.data_source (must be prepared; nothing downloads),
+    # e.g. ("wikipedia/20230601.en", "bookcorpus") or ("mimic_noteevents",).
+    c.tfds_names = ("wikipedia/20230601.en",)
+    # tfds: data directory ("" = $TFDS_DATA_DIR or ~/tensorflow_datasets) and split.
+    c.tfds_data_dir = ""
+    c.tfds_split = "train"
+    # tfds: name of the text feature.
+    c.tfds_text_key = "text"
+    # tfds: datasets whose examples are single sentences (e.g. a sentence-level BookCorpus);
+    # tfds_sentences_per_document consecutive sentences of them form one document.
+    c.tfds_sentence_datasets = ()
+    c.tfds_sentences_per_document = 256
+    # Use at most this many documents per source (0 = all); for quick runs.
+    c.max_documents = 0
+    # Sentences longer than this many characters are cut at whitespace (pasted tables).
+    c.max_sentence_chars = 1000
+    # Sequence length S of every example ([CLS] A [SEP] B [SEP] + padding).
+    c.max_seq_length = 128
+    # P: the maximum number of masked positions per example.
+    c.max_predictions_per_seq = 20
+    # Fraction of tokens masked (BERT: 0.15), then 80 % [MASK] / 10 % random / 10 % unchanged.
+    c.masked_lm_prob = 0.15
+    # Probability that a document's target length is drawn shorter (BERT: 0.1).
+    c.short_seq_prob = 0.1
+    # Number of instance-creation passes over the corpus (different segmentations). Each pass
+    # adds examples containing the same text. Even at 1, one sentence lands in several examples
+    # ('random next' segments B copy text of other documents): the privacy report states how
+    # many examples one sentence / document / subject touches. BERT used 10 offline.
+    c.dupe_factor = 1
+    # Mask whole words (all ## pieces of a word together).
+    c.whole_word_masking = False
+    # Lower-case (and strip accents) before WordPiece; must match the vocab (uncased: True).
+    c.do_lower_case = True
+    # Fraction of documents held out for evaluation (0 = no eval set).
+    c.eval_fraction = 0.01
+    # Hold out whole "document"s, or whole "subject"s (patients: all their notes; needs
+    # SUBJECT_IDs, i.e. noteevents / synthetic / mimic_noteevents).
+    c.eval_split_unit = "document"
+    # Seed of the held-out split, instance creation and masking.
+    c.seed = 12345
+    # Directory for the cache of created instances ("" = no cache: rebuilt in memory each run).
+    # Entries are keyed by a fingerprint of (corpus files, vocab, parameters).
+    c.cache_dir = ""
+    # Secret-sharer canaries planted in the TRAINING documents (Hoory et al. Sec. 5.2).
+    c.canaries = ml_collections.ConfigDict()
+    c.canaries.enabled = False
+    # Forms: H = generic word, S = secret word piece drawn from the vocab.
+    c.canaries.forms = ("HS", "HSH", "HHSHH")
+    # Each canary is planted this many times; one (or per_setting) canary per (form, count).
+    c.canaries.repetitions = (1, 10, 100)
+    c.canaries.per_setting = 1
+    # Seed of the secrets and of the planting positions.
+    c.canaries.seed = 0
+    # Where to write the canary JSON record ("" = canaries.json in the cache entry; one of the
+    # two is required).
+    c.canaries.output_file = ""
+    # Batches prepared ahead of the trainer by background threads.
+    c.prefetch = 2
     return c

@@ -18,7 +18,7 @@ canary's context; everything that measurement needs is written to a JSON file:
 instance creation reads (after insertion); ``doc_key`` is the document's key in the source
 (ROW_ID for notes, stream ordinal for text corpora).
 
-The insertion works on tokenized documents (``pretraining.TokenizedCorpus``), so corpora that
+The insertion works on tokenized documents (``tokenized_corpus.TokenizedCorpus``), so corpora that
 do not fit in memory as text need no second pass.
 """
 
@@ -34,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines import pretraining, tokenization
+from data_pipelines import tokenization
+from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")
 CANARY_FILE_VERSION = 1
@@ -158,9 +159,9 @@ def make_canaries(tokenizer: tokenization.WordPieceTokenizer, *, forms: Sequence
     return out
 
 
-def insert_canaries(corpus: "pretraining.TokenizedCorpus", canaries: Sequence[Canary], *,
+def insert_canaries(corpus: TokenizedCorpus, canaries: Sequence[Canary], *,
                     seed: int, doc_keys: np.ndarray | None = None,
-                    ) -> "pretraining.TokenizedCorpus":
+                    ) -> TokenizedCorpus:
     """Plants every canary ``repetitions`` times as a sentence of the training documents.
 
     Each planting picks a slot uniformly among all sentence slots of the corpus (a document with
@@ -194,7 +195,7 @@ def insert_canaries(corpus: "pretraining.TokenizedCorpus", canaries: Sequence[Ca
             slot = draw - (int(slot_ends[doc - 1]) if doc else 0)
             plantings.setdefault(doc, []).append((slot, tie, c_index))
 
-    builder = pretraining._CorpusBuilder()  # noqa: SLF001 - same package
+    builder = CorpusBuilder()
     canary_ids = [np.asarray(c.token_ids, np.int32) for c in canaries]
     for doc in range(corpus.num_documents):
         s0, s1 = int(corpus.doc_offsets[doc]), int(corpus.doc_offsets[doc + 1])

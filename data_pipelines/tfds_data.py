@@ -165,7 +165,7 @@ def _read_in_order(source, chunk: int) -> Iterator[dict]:
     Chunked ``__getitems__`` reads: this one-pass offline scan measured 2-3x faster than a
     grain ``MapDataset.source(...).to_iter_dataset()`` loop (per-record overhead; the
     decoding is Python-bound, so reader threads do not help). Shuffling, sharding and
-    prefetching of the training examples use grain (``pretraining``).
+    prefetching of the training examples use grain (``datasets.prefetch``).
     """
     n = len(source)
     for start in range(0, n, chunk):

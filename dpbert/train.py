@@ -54,7 +54,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from data_pipelines import pretraining
+from data_pipelines import datasets, pretraining
 from dpbert import checkpointing
 from dpbert import dchi
 from dpbert import dp as dp_lib
@@ -721,7 +721,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     stopped_by_budget = False
     totals, t_last, steps_since = None, time.time(), 0
     calls = range(start_step * plan.calls_per_batch, plan.num_steps * plan.calls_per_batch)
-    batches = pretraining.prefetch(load, calls.start, calls.stop,
+    batches = datasets.prefetch(load, calls.start, calls.stop,
                                    buffer_size=max(1, config.data.prefetch))
 
     def save(step_now: int) -> None:

@@ -1,4 +1,4 @@
-"""Tests for pretraining.build_datasets / default_data_config (corpus -> datasets, cache)."""
+"""Tests for pretraining.build_datasets / configs.common.data_config (corpus -> datasets, cache)."""
 
 import gzip
 import json
@@ -8,11 +8,13 @@ import re
 import numpy as np
 import pytest
 
-from data_pipelines import canaries, corpora, pretraining, synthetic_notes, tokenization
+from configs import common
+from data_pipelines import (canaries, corpora, datasets, pretraining, synthetic_notes,
+                            tokenization)
 
 
 def config(**overrides):
-    c = pretraining.default_data_config()
+    c = common.data_config()
     c.synthetic_num_notes = 300
     c.max_seq_length = 64
     c.max_predictions_per_seq = 10
@@ -29,8 +31,8 @@ def test_default_config_fields_are_commented():
     import inspect
 
     lines = [line.strip() for line in
-             inspect.getsource(pretraining.default_data_config).splitlines()]
-    c = pretraining.default_data_config()
+             inspect.getsource(common.data_config).splitlines()]
+    c = common.data_config()
     for key in list(c.keys()) + [f"canaries.{k}" for k in c.canaries.keys()]:
         i = next(i for i, line in enumerate(lines) if line.startswith(f"c.{key} ="))
         # A comment right above, or above the run of fields it introduces.
@@ -79,7 +81,7 @@ def test_cache_is_reused_and_keyed_by_inputs(tmp_path, notes_vocab):
     assert isinstance(train2.instances.tokens, np.memmap)
     for a, b in ((train, train2), (ev, ev2)):
         x, y = a.get_batch(np.arange(20), step=4), b.get_batch(np.arange(20), step=4)
-        for k in pretraining.FEATURE_KEYS:
+        for k in datasets.FEATURE_KEYS:
             np.testing.assert_array_equal(x[k], y[k])
     # Masking parameters are online: changing them reuses the entry.
     train3, _ = pretraining.build_datasets(config(corpus="text", paths=(str(corpus),),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from data_pipelines import canaries, pretraining, tokenization
+from data_pipelines import canaries, tokenization, tokenized_corpus
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def tok(notes_vocab):
 
 def small_corpus(num_docs=200, seed=0):
     rng = np.random.default_rng(seed)
-    b = pretraining._CorpusBuilder()
+    b = tokenized_corpus.CorpusBuilder()
     for d in range(num_docs):
         sents = [rng.integers(5, 1000, size=int(rng.integers(1, 20))).astype(np.int32)
                  for _ in range(int(rng.integers(1, 30)))]

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from data_pipelines import pretraining as P
+from data_pipelines import datasets, documents, instances, masking, tokenized_corpus
 from data_pipelines import tokenization
 
 SPECIAL = tokenization.SpecialTokenIds(pad=0, unk=1, cls=2, sep=3, mask=4)
@@ -17,7 +17,7 @@ IS_CONT = np.array([i >= 5 and i % 4 == 0 for i in range(VOCAB)])
 def make_corpus(num_docs, sentences_per_doc, sentence_len, seed=0, subject=True):
     """A TokenizedCorpus of random word ids (5..VOCAB-1); lengths fixed or (lo, hi) ranges."""
     rng = np.random.default_rng(seed)
-    b = P._CorpusBuilder()
+    b = tokenized_corpus.CorpusBuilder()
     for d in range(num_docs):
         n_s = (sentences_per_doc if isinstance(sentences_per_doc, int)
                else int(rng.integers(*sentences_per_doc)))
@@ -25,7 +25,7 @@ def make_corpus(num_docs, sentences_per_doc, sentence_len, seed=0, subject=True)
         for _ in range(n_s):
             n = sentence_len if isinstance(sentence_len, int) else int(rng.integers(*sentence_len))
             sents.append(rng.integers(5, VOCAB, size=n).astype(np.int32))
-        b.add_document(sents, 1000 + d // 3 if subject else P.NO_SUBJECT, d)
+        b.add_document(sents, 1000 + d // 3 if subject else documents.NO_SUBJECT, d)
     return b.build()
 
 
@@ -105,7 +105,7 @@ def corpus_as_lists(corpus):
 def test_instances_match_reference_transcription(max_seq_length, short_seq_prob, dupe_factor,
                                                   seed):
     corpus = make_corpus(60, (1, 12), (1, 40), seed=seed)
-    got = P.create_instances(corpus, P.InstanceParams(max_seq_length, short_seq_prob,
+    got = instances.create_instances(corpus, instances.InstanceParams(max_seq_length, short_seq_prob,
                                                       dupe_factor, seed), progress=False)
     want = reference_instances(corpus_as_lists(corpus), max_seq_length, short_seq_prob,
                                dupe_factor, seed)
@@ -126,7 +126,7 @@ def test_instance_statistics_follow_bert_recipe():
     # sentences, so every document with the full target has instances of length 125, and a
     # document with a short target t <= 120 has none.
     corpus = make_corpus(2000, 60, 5, seed=1)
-    inst = P.create_instances(corpus, P.InstanceParams(128, 0.1, 1, 42), progress=False)
+    inst = instances.create_instances(corpus, instances.InstanceParams(128, 0.1, 1, 42), progress=False)
     lengths = inst.lengths
     assert lengths.max() == 125 and lengths.min() >= 2
     a_len = np.asarray(inst.a_lengths)
@@ -147,7 +147,7 @@ def test_instance_statistics_follow_bert_recipe():
     # non-random length-125 instances shrinks by the factor 1 - 0.1 * 119/124 = 0.904 against
     # short_seq_prob = 0 (measured over 8 seeds: 0.905 +- 0.013; ignoring the option gives 1).
     def full_chunks(p, seed):
-        x = P.create_instances(corpus, P.InstanceParams(128, p, 1, seed), progress=False)
+        x = instances.create_instances(corpus, instances.InstanceParams(128, p, 1, seed), progress=False)
         return np.sum((x.lengths == 125) & ~x.is_random_next)
 
     ratio = full_chunks(0.1, 42) / full_chunks(0.0, 43)
@@ -156,36 +156,36 @@ def test_instance_statistics_follow_bert_recipe():
 
 def test_create_instances_deterministic_and_seed_dependent():
     corpus = make_corpus(50, (2, 10), (3, 30))
-    p = P.InstanceParams(64, 0.1, 2, 5)
-    a = P.create_instances(corpus, p, progress=False)
-    b = P.create_instances(corpus, p, progress=False)
-    c = P.create_instances(corpus, P.InstanceParams(64, 0.1, 2, 6), progress=False)
-    for name in P.Instances._ARRAYS:
+    p = instances.InstanceParams(64, 0.1, 2, 5)
+    a = instances.create_instances(corpus, p, progress=False)
+    b = instances.create_instances(corpus, p, progress=False)
+    c = instances.create_instances(corpus, instances.InstanceParams(64, 0.1, 2, 6), progress=False)
+    for name in instances.Instances._ARRAYS:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     assert len(a) != len(c) or not np.array_equal(a.tokens, c.tokens)
 
 
 def test_instances_save_load_roundtrip(tmp_path):
-    inst = P.create_instances(make_corpus(20, (2, 6), (3, 20)), P.InstanceParams(32),
+    inst = instances.create_instances(make_corpus(20, (2, 6), (3, 20)), instances.InstanceParams(32),
                               progress=False)
     inst.save(tmp_path / "x")
     for mmap in (True, False):
-        back = P.Instances.load(tmp_path / "x", mmap=mmap)
-        for name in P.Instances._ARRAYS:
+        back = instances.Instances.load(tmp_path / "x", mmap=mmap)
+        for name in instances.Instances._ARRAYS:
             np.testing.assert_array_equal(getattr(back, name), getattr(inst, name))
     (tmp_path / "x" / "offsets.npy").unlink()
     with pytest.raises(FileNotFoundError, match="offsets.npy"):
-        P.Instances.load(tmp_path / "x")
+        instances.Instances.load(tmp_path / "x")
 
 
 def test_create_instances_bad_input():
     with pytest.raises(ValueError, match="no document"):
-        P.create_instances(P._CorpusBuilder().build(), P.InstanceParams(), progress=False)
+        instances.create_instances(tokenized_corpus.CorpusBuilder().build(), instances.InstanceParams(), progress=False)
     with pytest.raises(ValueError, match="max_seq_length"):
-        P.create_instances(make_corpus(3, 2, 3), P.InstanceParams(max_seq_length=4),
+        instances.create_instances(make_corpus(3, 2, 3), instances.InstanceParams(max_seq_length=4),
                            progress=False)
     with pytest.raises(ValueError, match="dupe_factor"):
-        P.create_instances(make_corpus(3, 2, 3), P.InstanceParams(dupe_factor=0),
+        instances.create_instances(make_corpus(3, 2, 3), instances.InstanceParams(dupe_factor=0),
                            progress=False)
 
 
@@ -195,9 +195,9 @@ def test_create_instances_bad_input():
 
 def make_dataset(num_docs=400, seq=128, wwm=False, seed=0, max_pred=20):
     corpus = make_corpus(num_docs, (2, 30), (3, 25), seed=seed)
-    inst = P.create_instances(corpus, P.InstanceParams(seq, 0.1, 1, seed), progress=False)
-    masking = P.MaskingParams(seq, max_pred, 0.15, wwm)
-    return P.PretrainingDataset(inst, masking, special=SPECIAL, vocab_size=VOCAB,
+    inst = instances.create_instances(corpus, instances.InstanceParams(seq, 0.1, 1, seed), progress=False)
+    params = masking.MaskingParams(seq, max_pred, 0.15, wwm)
+    return datasets.PretrainingDataset(inst, params, special=SPECIAL, vocab_size=VOCAB,
                                 is_continuation=IS_CONT, seed=seed)
 
 
@@ -219,7 +219,7 @@ def test_feature_layout_and_masking_invariants(wwm):
     assert batch["input_ids"].shape == (len(idx), S) and batch["input_ids"].dtype == np.int32
     assert batch["masked_lm_weights"].dtype == np.float32
     assert batch["next_sentence_labels"].shape == (len(idx),)
-    assert set(batch) == set(P.FEATURE_KEYS)
+    assert set(batch) == set(datasets.FEATURE_KEYS)
     for r, seq in enumerate(unmasked_sequences(ds, idx)):
         n = len(seq)
         len_a = int(ds.instances.a_lengths[r])
@@ -230,7 +230,7 @@ def test_feature_layout_and_masking_invariants(wwm):
         assert (ids[n:] == 0).all()
         k = int(batch["masked_lm_weights"][r].sum())
         pos = batch["masked_lm_positions"][r][:k]
-        want_k = P.num_to_predict(n, ds.masking)
+        want_k = masking.num_to_predict(n, ds.masking)
         if wwm:
             assert 1 <= k <= want_k
         else:
@@ -292,12 +292,12 @@ def test_masking_rates_80_10_10():
 
 
 def test_num_to_predict_formula():
-    p = P.MaskingParams(max_seq_length=512, max_predictions_per_seq=20, masked_lm_prob=0.15)
-    assert P.num_to_predict(5, p) == 1          # max(1, round(0.75))
-    assert P.num_to_predict(10, p) == 2          # round(1.5) = 2 (half to even)
-    assert P.num_to_predict(30, p) == 4          # round(4.5) = 4 (half to even, as Python 3)
-    assert P.num_to_predict(128, p) == 19
-    assert P.num_to_predict(512, p) == 20        # capped
+    p = masking.MaskingParams(max_seq_length=512, max_predictions_per_seq=20, masked_lm_prob=0.15)
+    assert masking.num_to_predict(5, p) == 1          # max(1, round(0.75))
+    assert masking.num_to_predict(10, p) == 2          # round(1.5) = 2 (half to even)
+    assert masking.num_to_predict(30, p) == 4          # round(4.5) = 4 (half to even, as Python 3)
+    assert masking.num_to_predict(128, p) == 19
+    assert masking.num_to_predict(512, p) == 20        # capped
 
 
 def test_get_batch_deterministic_and_independent_of_batch_and_host():
@@ -311,7 +311,7 @@ def test_get_batch_deterministic_and_independent_of_batch_and_host():
     hosts = [ds.get_batch(idx[h * 16:(h + 1) * 16], step=17) for h in range(4)]
     single = [ds.get_batch(idx[i:i + 1], step=17) for i in (0, 33)]
     other_step = ds.get_batch(idx, step=18)
-    for k in P.FEATURE_KEYS:
+    for k in datasets.FEATURE_KEYS:
         np.testing.assert_array_equal(full[k], again[k])
         np.testing.assert_array_equal(full[k][perm], permuted[k])
         np.testing.assert_array_equal(full[k], np.concatenate([h[k] for h in hosts]))
@@ -339,9 +339,9 @@ def test_get_batch_bad_indices():
 
 
 def test_dataset_rejects_instances_longer_than_max_seq_length():
-    inst = P.create_instances(make_corpus(10, 5, 20), P.InstanceParams(128), progress=False)
+    inst = instances.create_instances(make_corpus(10, 5, 20), instances.InstanceParams(128), progress=False)
     with pytest.raises(ValueError, match="max_seq_length"):
-        P.PretrainingDataset(inst, P.MaskingParams(max_seq_length=64), special=SPECIAL,
+        datasets.PretrainingDataset(inst, masking.MaskingParams(max_seq_length=64), special=SPECIAL,
                              vocab_size=VOCAB)
 
 
@@ -350,9 +350,9 @@ def test_dataset_rejects_instances_longer_than_max_seq_length():
 # ------------------------------------------------------------------------------------------
 
 def test_prefetch_keeps_order_raises_errors_and_stops_early():
-    assert list(P.prefetch(lambda x: x * x, 3, 50, buffer_size=3)) == [
+    assert list(datasets.prefetch(lambda x: x * x, 3, 50, buffer_size=3)) == [
         x * x for x in range(3, 50)]
-    assert list(P.prefetch(lambda x: x, 5, 5)) == []
+    assert list(datasets.prefetch(lambda x: x, 5, 5)) == []
 
     def boom(x):
         if x == 5:
@@ -360,14 +360,14 @@ def test_prefetch_keeps_order_raises_errors_and_stops_early():
         return x
 
     with pytest.raises(RuntimeError, match="bad item 5"):
-        list(P.prefetch(boom, 0, 10))
+        list(datasets.prefetch(boom, 0, 10))
     computed = []
 
     def record(x):
         computed.append(x)
         return x
 
-    it = P.prefetch(record, 0, 10**9, buffer_size=2)
+    it = datasets.prefetch(record, 0, 10**9, buffer_size=2)
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     # Bounded read-ahead: a few items beyond what was consumed, not the whole range.
     assert len(computed) <= 3 + 2 + 2

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from configs import common
 from data_pipelines import documents, pretraining, synthetic_notes, tfds_data
 
 
@@ -141,7 +142,7 @@ def test_public_stage_documents(fake_public):
 
 
 def test_build_datasets_from_tfds_sources(fake_public, notes_tfds, notes_vocab):
-    cfg = pretraining.default_data_config()
+    cfg = common.data_config()
     cfg.corpus = "tfds"
     cfg.tfds_names = ("wikipedia/20230601.en", "bookcorpus")
     cfg.tfds_sentence_datasets = ("bookcorpus",)
@@ -157,7 +158,7 @@ def test_build_datasets_from_tfds_sources(fake_public, notes_tfds, notes_vocab):
     assert max(keys) < 40
     assert train.get_batch(np.arange(4), step=0)["input_ids"].shape == (4, 64)
     # The MIMIC builder as a corpus keeps SUBJECT_IDs for a subject-level split.
-    cfg2 = pretraining.default_data_config()
+    cfg2 = common.data_config()
     cfg2.corpus = "tfds"
     cfg2.tfds_names = (tfds_data.NOTEEVENTS_NAME,)
     cfg2.tfds_data_dir = str(notes_tfds[1])
@@ -172,7 +173,7 @@ def test_unprepared_dataset_errors_clearly(tmp_path, notes_vocab):
     with pytest.raises(tfds_data.DataNotPreparedError,
                        match=r"'wikipedia/20230601.en' is not prepared in .*tfds build"):
         tfds_data.load_data_source("wikipedia/20230601.en", data_dir=str(tmp_path))
-    cfg = pretraining.default_data_config()
+    cfg = common.data_config()
     cfg.corpus = "tfds"
     cfg.tfds_names = ("bookcorpus",)
     cfg.tfds_data_dir = str(tmp_path)
