@@ -68,7 +68,7 @@ from flax import nnx  # noqa: E402
 
 from dpbert import losses, sharding  # noqa: E402
 from dpbert import model as model_lib  # noqa: E402
-from dpbert.dp import accounting, accumulation, ghost, trees  # noqa: E402
+from dpbert.dp import accounting, accumulation, calibration, ghost, trees  # noqa: E402
 
 MIB = 2 ** 20
 
@@ -341,7 +341,7 @@ def bench_calibration() -> dict:
     kwargs = dict(expected_batch_size=131072, num_examples=83_000_000, steps=1_000_000,
                   delta=1e-8)
     wall, cpu = time.perf_counter(), time.process_time()
-    sigma = accounting.calibrate_noise_multiplier(target_epsilon=8.0, **kwargs)
+    sigma = calibration.calibrate_noise_multiplier(target_epsilon=8.0, **kwargs)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     eps = accounting.compute_epsilon(noise_multiplier=sigma, **kwargs)
     fine = accounting.compute_epsilon(noise_multiplier=sigma, pld_discretization=1e-5,

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines import tokenization
+from data_pipelines import fileio, tokenization
 from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")
@@ -240,10 +240,7 @@ def write_canary_file(path: str | os.PathLike, canaries: Sequence[Canary],
     }
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
+    fileio.atomic_write_text(path, json.dumps(record, indent=1))
 
 
 def load_canary_file(path: str | os.PathLike) -> tuple[list[Canary], dict[str, Any]]:

@@ -110,7 +110,7 @@ import numpy as np
 from absl import logging
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from data_pipelines import corpora
+from data_pipelines import corpora, fileio
 
 # BERT's own layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102,
 # [MASK]=103, so the special ids match bert-base vocabularies.
@@ -734,21 +734,14 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                          "wordpiece": round(t_train, 3),
                          "total": round(time.perf_counter() - start, 3)}
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(paths[2], "".join(f"{w}\t{max(1, int(round(c)))}\n"
+    fileio.atomic_write_text(paths[2], "".join(f"{w}\t{max(1, int(round(c)))}\n"
                                     for w, c in sorted(word_counts.items()))
                   if dp else "")
-    _atomic_write(paths[1], json.dumps(report, indent=2) + "\n")
-    _atomic_write(paths[0], "".join(t + "\n" for t in tokens))
+    fileio.atomic_write_text(paths[1], json.dumps(report, indent=2) + "\n")
+    fileio.atomic_write_text(paths[0], "".join(t + "\n" for t in tokens))
     logging.info("DP vocab: %d examples, %d surviving words, %d learned tokens -> %s",
                  num_examples, len(word_counts), num_learned, paths[0])
     return VocabResult(*paths, report=report)
-
-
-def _atomic_write(path: pathlib.Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _finite_or_none(value: float | None) -> float | None:

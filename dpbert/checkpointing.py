@@ -87,6 +87,21 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    def latest_intact(self) -> tuple[int | None, dict[str, Any] | None]:
+        """(step, meta) of the newest checkpoint whose meta reads back, or (None, None).
+
+        A checkpoint cut short (a kill during a save that orbax had not finalised, a truncated
+        file) is skipped with a warning naming it, so the run resumes from the one before.
+        """
+        for step in sorted(self.all_steps(), reverse=True):
+            try:
+                return step, self.read_meta(step)
+            except Exception as e:  # orbax raises several types for a damaged step
+                logger.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back "
+                               "to the previous one", step, self.directory, type(e).__name__,
+                               str(e)[:200])
+        return None, None
+
     def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> None:
         """Saves asynchronously (returns once the arrays are copied off the devices)."""
         self._manager.save(step, args=ocp.args.Composite(

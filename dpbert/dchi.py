@@ -97,6 +97,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_pipelines import tokenization
+
 MECHANISMS = ("none", "text_to_text", "token_rep")
 # The five special tokens of every BERT vocabulary; [unusedN] placeholders are special too.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -121,9 +123,7 @@ def special_token_mask(vocab: Sequence[str]) -> np.ndarray:
 
 def special_token_mask_from_file(vocab_file: str | os.PathLike) -> np.ndarray:
     """bool [V] special-token mask of a vocab.txt."""
-    from dpbert import hf
-
-    return special_token_mask(hf.read_vocab(vocab_file))
+    return special_token_mask(tokenization.load_vocab(vocab_file))
 
 
 # ----------------------------------------------------------------------------- M_rep
@@ -329,10 +329,9 @@ class Privatizer:
     @classmethod
     def from_model(cls, model: Any, vocab_file: str | os.PathLike, **kwargs: Any) -> "Privatizer":
         """φ = a dpbert `BertForPreTraining`'s word embeddings (copied now, then fixed)."""
-        from dpbert import hf
 
         table = np.asarray(jax.device_get(model.bert.embeddings.word_embeddings.embedding[...]))
-        vocab = hf.read_vocab(vocab_file)
+        vocab = tokenization.load_vocab(vocab_file)
         if len(vocab) != table.shape[0]:
             raise ValueError(f"{vocab_file}: has {len(vocab)} tokens but the model's word "
                              f"embeddings have {table.shape[0]} rows")
@@ -454,7 +453,7 @@ def load_embedding_table(path: str | os.PathLike) -> tuple[np.ndarray, list[str]
     folder = pathlib.Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
-    vocab = hf.read_vocab(folder / "vocab.txt")
+    vocab = tokenization.load_vocab(folder / "vocab.txt")
     weights = next((folder / n for n in hf.WEIGHT_FILES if (folder / n).is_file()), None)
     index_file = folder / "model.safetensors.index.json"
     if weights is None and index_file.is_file():  # sharded checkpoint: open the right shard

@@ -57,6 +57,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpbert.dp import trees
+
 Example = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 LossFn = Callable[[nnx.State, Example, jax.Array], tuple[jax.Array, Metrics]]
@@ -186,9 +188,7 @@ def mlm_nsp_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, example: Example,
 
 def _is_word_embedding(path: tuple[Any, ...]) -> bool:
     """True for the pytree path of the word-embedding table (nnx.State or a plain dict)."""
-    names = tuple(getattr(k, "key", getattr(k, "name", k)) for k in path)
-    names = tuple(n for n in names if n != "value")  # nnx.Variable's own leaf
-    return names == WORD_EMBEDDING_PATH
+    return trees.path_names(path) == WORD_EMBEDDING_PATH
 
 
 def stop_word_embedding_gradient(params: Any) -> Any:

@@ -88,7 +88,11 @@ class Progress:
         elapsed = time.time() - self.start
         eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
         parts = [f"step {step}/{self.total}"]
-        for key, fmt in (("train/loss", "loss {:.3f}"), ("train/mlm_accuracy", "mlm_acc {:.3f}"),
+        # The task's first accuracy metric (mlm_accuracy for pretraining).
+        accuracy = next((k for k in scalars if k.startswith("train/") and
+                         k.endswith("accuracy")), None)
+        short = accuracy[len("train/"):].replace("accuracy", "acc") if accuracy else ""
+        for key, fmt in (("train/loss", "loss {:.3f}"), (accuracy, short + " {:.3f}"),
                          ("privacy/epsilon", "eps {:.3f}"), ("perf/examples_per_sec",
                                                              "{:.1f} ex/s")):
             if key in scalars and scalars[key] is not None and np.isfinite(scalars[key]):

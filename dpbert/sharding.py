@@ -143,6 +143,39 @@ def param_shardings(params: nnx.State, mesh: Mesh,
     return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def pure_param_shardings(model: nnx.Module, mesh: Mesh) -> Any:
+    """NamedShardings shaped like `nnx.to_pure_dict(nnx.state(model))`."""
+    return nnx.to_pure_dict(param_shardings(nnx.state(model, nnx.Param), mesh))
+
+
+def opt_state_shardings(opt_state: Any, params: Any, param_shardings_tree: Any,
+                        mesh: Mesh) -> Any:
+    """Optimizer-state leaves that mirror a parameter (Adam moments, ...) get its sharding.
+
+    A leaf mirrors the parameter whose path is a suffix of the leaf's path (optax nests the
+    parameter tree under its own keys, e.g. (0, 'mu', 'bert', ...)) and has its shape; every
+    other leaf (step counts, masked-out placeholders) is replicated. This works through chains,
+    masks and multi_transform alike.
+    """
+    from dpbert.dp import trees  # noqa: PLC0415
+
+    rep = replicated(mesh)
+    flat_params = {trees.path_names(p): x.shape
+                   for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    flat_shardings = {trees.path_names(p): s for p, s in
+                      jax.tree_util.tree_leaves_with_path(param_shardings_tree)}
+
+    def one(path, leaf):
+        key = trees.path_names(path)
+        for start in range(len(key)):
+            suffix = key[start:]
+            if suffix in flat_params and flat_params[suffix] == leaf.shape:
+                return flat_shardings[suffix]
+        return rep
+
+    return jax.tree_util.tree_map_with_path(one, opt_state)
+
+
 def host_rows(global_batch_size: int, sharding: NamedSharding) -> np.ndarray:
     """The rows of a global batch that this process's devices hold (what it must load)."""
     index_map = sharding.addressable_devices_indices_map((global_batch_size,))

@@ -29,8 +29,8 @@ def main(argv):
         raise app.UsageError("--step applies to --workdir exports only")
     try:
         if _WORKDIR.value:
-            from dpbert import train
-            out = train.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
+            from dpbert import loop
+            out = loop.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
         else:
             out = hf.export_from_hf(_FROM_HF.value, _OUT.value)
     except (hf.CheckpointError, FileNotFoundError, ValueError) as e:

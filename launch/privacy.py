@@ -29,7 +29,7 @@ import sys
 
 from absl import app, flags
 
-from dpbert.dp import accounting
+from dpbert.dp import accounting, calibration
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
                                      "N, dataset size in privacy units (e.g. sequences).")
@@ -78,7 +78,7 @@ def run(command: str) -> dict:
         epsilon = None
     else:
         _require(target_epsilon=_TARGET_EPSILON.value)
-        sigma = accounting.calibrate_noise_multiplier(
+        sigma = calibration.calibrate_noise_multiplier(
             target_epsilon=_TARGET_EPSILON.value, steps=_STEPS.value, **common)
         epsilon = None  # Recomputed below: the report states the calibrated sigma's epsilon.
     spec = accounting.AccountingSpec(noise_multiplier=sigma, **common)

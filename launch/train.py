@@ -6,7 +6,8 @@ r"""Pretrains BERT with DP-SGD.
 
 Rerunning the same command resumes from the newest checkpoint in --workdir. Off Cloud TPU, a
 multi-host run passes --coordinator_address, --num_processes and --process_id on every host.
-Everything else lives in the library: `dpbert.train.train_and_evaluate(config, workdir)`.
+Everything else lives in the library: `dpbert.tasks.pretraining.train_and_evaluate(config,
+workdir)`, the pretraining task on the DP loop (`dpbert.loop`).
 """
 
 import logging as std_logging
@@ -29,7 +30,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     # Imported here so that --help is instant and XLA flags set by the caller apply.
     from dpbert import sharding
-    from dpbert import train
+    from dpbert.tasks import pretraining
 
     # Keep the console to dpbert's own progress: libraries that log through absl (orbax, jax)
     # show WARNING and above only.
@@ -38,8 +39,8 @@ def main(argv):
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("JAX: %d processes, %d devices (%s)", *_devices())
     try:
-        train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-    except (train.ConfigError, FileNotFoundError, ValueError) as e:
+        pretraining.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except (FileNotFoundError, ValueError, OSError, FloatingPointError) as e:
         # One clear message for bad input; nothing already written is touched.
         raise SystemExit(f"train: {e}") from None
 

@@ -1,11 +1,14 @@
 """The DP-SGD engine: sample -> clip -> accumulate -> noise -> optimizer.
 
 Host side (NumPy, no JAX): `sampling` (Poisson / shuffle samplers producing
-fixed-size padded physical batches) and `accounting` (dp_accounting events,
-epsilon, calibration, budget, privacy report).  Device side (JAX, inside one
-jitted step): `clipping` (per-example clipped gradient sums; `ghost` for the tied word
-embedding), `noise`, and
-`accumulation` (`DPAggregator`, the composition the training loop calls).
+fixed-size padded physical batches), `accounting` (dp_accounting events,
+epsilon, calibration, budget, privacy report), `ledger` (the accounting of a run
+across resumes), `randomness` (the run's secret noise key and sampler seed) and
+`plan` (`DPPlan`: all of the above for one run, plus the clipper's name).  Device
+side (JAX, inside one jitted step): `clipping` (per-example clipped gradient sums and
+the clipper registry; `ghost` for the tied word embedding; `BatchGradient` for
+non-private runs), `noise`, and `accumulation` (`DPAggregator`, the composition the
+training loop calls).
 
 Names are imported lazily so that host-only users (launch/privacy.py) do not
 import JAX.
@@ -14,13 +17,17 @@ import JAX.
 import importlib
 
 _EXPORTS = {
-    "accounting": ("ACCOUNTANTS", "AccountingSpec", "PrivacyBudget",
-                   "calibrate_noise_multiplier", "compute_epsilon",
-                   "effective_noise_multiplier", "make_dp_event", "max_steps_within_budget",
-                   "privacy_report", "progress_epsilon", "recalibrate_for_batch_size",
-                   "scale_noise_multiplier_sqrt"),
+    "accounting": ("ACCOUNTANTS", "AccountingSpec", "compute_epsilon",
+                   "effective_noise_multiplier", "make_dp_event", "privacy_report",
+                   "progress_epsilon"),
+    "calibration": ("PrivacyBudget", "calibrate_noise_multiplier", "max_steps_within_budget",
+                    "recalibrate_for_batch_size", "scale_noise_multiplier_sqrt"),
     "accumulation": ("DPAggregator", "DPConfig", "DPState"),
-    "clipping": ("GradientClipper", "LossFn", "VmapClipper"),
+    "clipping": ("BatchGradient", "GradientClipper", "LossFn", "VmapClipper", "batch_loss",
+                 "clipper_names", "get_clipper", "register_clipper"),
+    "ledger": ("PrivacyLedger", "Segment"),
+    "plan": ("DPPlan", "make_plan"),
+    "randomness": ("RunSecrets",),
     "ghost": ("FactoredLoss", "TiedEmbeddingClipper"),
     "noise": ("add_noise", "noise_stddev"),
     "sampling": ("PoissonSampler", "ShuffleSampler", "capacity_for_overflow_probability",

@@ -27,7 +27,7 @@ Eq. 3).
 PLD discretization.  Every epsilon uses ``dp_accounting``'s default PLD grid
 (``value_discretization_interval=1e-4``, pessimistic, so every epsilon is an
 upper bound), so reported numbers agree with a plain `PLDAccountant()`.
-Calibration (`calibrate_noise_multiplier`) and the step budget
+Calibration (`dpbert.dp.calibration.calibrate_noise_multiplier`) and the step budget
 (`max_steps_within_budget`) search with dp_accounting's PLD objects directly
 (same grid, single-step PLD cached, see `_fast_pld_epsilon`) starting from an
 RDP estimate, then verify the answer with a fresh accountant exactly as
@@ -47,14 +47,14 @@ import math
 from typing import Any
 
 import dp_accounting
-from scipy import optimize
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpbert.dp.sampling import SAMPLING_MODES, check_int
+
 ACCOUNTANTS = ("pld", "rdp")
-SAMPLING_MODES = ("poisson", "shuffle")
 NOISE_MODES = ("global", "per_shard")
 # Usual privacy units ("example" = one pretraining sequence); any name is accepted.
 PRIVACY_UNITS = ("example", "patient", "document")
@@ -88,15 +88,6 @@ def _check_positive(name: str, value: float, *, allow_inf: bool = False) -> None
         raise ValueError(f"{name}={value!r} must be a positive finite number")
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not (
-            isinstance(value, float) and value.is_integer()):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if int(value) < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum}")
-    return int(value)
-
-
 def validate_delta(delta: float, num_examples: int | None) -> None:
     """Raises ValueError unless 0 < delta < 1/num_examples (when known)."""
     if not isinstance(delta, (int, float)) or isinstance(delta, bool) or not 0 < delta < 1:
@@ -110,7 +101,7 @@ def validate_delta(delta: float, num_examples: int | None) -> None:
 
 def sampling_probability(expected_batch_size: float, num_examples: int) -> float:
     """Returns q = expected_batch_size / num_examples, validated to 0 < q <= 1."""
-    num_examples = _check_int("num_examples", num_examples, minimum=1)
+    num_examples = check_int("num_examples", num_examples, minimum=1)
     _check_positive("expected_batch_size", expected_batch_size)
     q = expected_batch_size / num_examples
     if not 0 < q <= 1:
@@ -136,7 +127,7 @@ def effective_noise_multiplier(noise_multiplier: float, noise_mode: str = "globa
     """
     _check_choice("noise_mode", noise_mode, NOISE_MODES)
     _check_positive("noise_multiplier", noise_multiplier)
-    num_shards = _check_int("num_shards", num_shards, minimum=1)
+    num_shards = check_int("num_shards", num_shards, minimum=1)
     if noise_mode == "per_shard":
         return noise_multiplier * math.sqrt(num_shards)
     return float(noise_multiplier)
@@ -163,9 +154,9 @@ def make_dp_event(effective_sigma: float, q: float, steps: int, *,
     Returns:
       `SelfComposedDpEvent` of a Poisson-subsampled (or truncated) Gaussian.
     """
-    steps = _check_int("steps", steps, minimum=0)
+    steps = check_int("steps", steps, minimum=0)
     if max_batch_size is not None:
-        max_batch_size = _check_int("max_batch_size", max_batch_size, minimum=1)
+        max_batch_size = check_int("max_batch_size", max_batch_size, minimum=1)
         if num_examples is None:
             raise ValueError("max_batch_size needs num_examples")
         if max_batch_size < num_examples:
@@ -232,12 +223,12 @@ class AccountingSpec:
     def __post_init__(self):
         _check_choice("sampling", self.sampling, SAMPLING_MODES)
         _check_choice("accountant", self.accountant, ACCOUNTANTS)
-        _check_int("num_examples", self.num_examples, minimum=1)
+        check_int("num_examples", self.num_examples, minimum=1)
         validate_delta(self.delta, self.num_examples)
         sampling_probability(self.expected_batch_size, self.num_examples)
         effective_noise_multiplier(self.noise_multiplier, self.noise_mode, self.num_shards)
         if self.max_batch_size is not None:
-            _check_int("max_batch_size", self.max_batch_size, minimum=1)
+            check_int("max_batch_size", self.max_batch_size, minimum=1)
             if self.sampling != "poisson":
                 raise ValueError("max_batch_size (truncation) applies to sampling='poisson' only")
             if self.accountant != "pld" and self.max_batch_size < self.num_examples:
@@ -389,296 +380,6 @@ def fast_pld_epsilon(spec: AccountingSpec, steps: int, prior: tuple = ()) -> flo
     return _fast_pld_epsilon(spec.effective_noise_multiplier, spec, steps, prior=tuple(prior))
 
 
-def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float,
-                         rtol: float) -> float:
-    """Smallest effective sigma (within rtol) whose reported epsilon is <= target.
-
-    1. RDP calibration (`dp_accounting.calibrate_dp_mechanism`, ~0.01 s per
-       evaluation) gives a starting point (RDP is looser, so it over-estimates).
-    2. Brent's method on log(epsilon) versus log(sigma) (nearly linear) with the
-       PLD on the reporting grid, typically 4-6 evaluations.
-    The caller verifies the answer with the real accountant (`_round_up`).
-    """
-    q, delta = spec.q, spec.delta
-    truncated = spec.max_batch_size is not None and spec.max_batch_size < spec.num_examples
-
-    if spec.accountant == "rdp" or not truncated:
-        start = float(dp_accounting.calibrate_dp_mechanism(
-            rdp_privacy_accountant.RdpAccountant,
-            lambda s: make_dp_event(s, q, steps), target_epsilon, delta,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
-            tol=1e-6 if spec.accountant == "rdp" else 1e-4))
-        if spec.accountant == "rdp":
-            return start
-    else:  # RDP cannot account truncation: start from plain Poisson via PLD.
-        start = _calibrate_sigma_eff(spec.replace(max_batch_size=None), steps,
-                                     target_epsilon, rtol)
-
-    cache: dict[float, float] = {}
-
-    def gap(log_sigma: float) -> float:
-        if log_sigma not in cache:
-            eps = _fast_pld_epsilon(math.exp(log_sigma), spec, steps)
-            cache[log_sigma] = math.log(max(eps, 1e-300)) - math.log(target_epsilon)
-        return cache[log_sigma]
-
-    # Bracket the root in log(sigma).
-    hi = math.log(start)
-    while gap(hi) > 0:
-        hi += 0.2
-    lo = hi - 0.1
-    while gap(lo) <= 0:
-        lo, hi = lo - 0.2, lo
-    root = optimize.brentq(gap, lo, hi, xtol=rtol / 4)
-    # brentq's root may sit on either side; take the safe end within tolerance.
-    candidates = [x for x in (root, root + rtol / 4, hi) if gap(x) <= 0]
-    return math.exp(min(candidates))
-
-
-def _round_up(sigma: float, rtol: float, ok) -> float:
-    """Returns sigma * (1 + rtol)^k for the smallest k >= 0 with ok(.) True."""
-    for _ in range(1000):
-        if ok(sigma):
-            return sigma
-        sigma *= 1 + rtol
-    raise RuntimeError("calibration verification did not converge")
-
-
-def calibrate_noise_multiplier(*, target_epsilon: float, expected_batch_size: float,
-                               num_examples: int, steps: int, delta: float,
-                               accountant: str = "pld", sampling: str = "poisson",
-                               noise_mode: str = "global", num_shards: int = 1,
-                               max_batch_size: int | None = None,
-                               rtol: float = CALIBRATION_RTOL) -> float:
-    """Smallest configured sigma (within `rtol`) whose epsilon is <= target.
-
-    The returned sigma is what goes into the training config: in
-    ``noise_mode="per_shard"`` it is sigma_eff / sqrt(P).  The result is verified:
-    `compute_epsilon` with the same arguments returns <= target_epsilon.
-    """
-    _check_positive("target_epsilon", target_epsilon)
-    steps = _check_int("steps", steps, minimum=1)
-    _check_positive("rtol", rtol)
-    # noise_multiplier=1 is a placeholder; only the other fields are used.
-    spec = AccountingSpec(noise_multiplier=1.0, expected_batch_size=expected_batch_size,
-                          num_examples=num_examples, delta=delta, sampling=sampling,
-                          noise_mode=noise_mode, num_shards=num_shards,
-                          max_batch_size=max_batch_size, accountant=accountant)
-    sigma_eff = _calibrate_sigma_eff(spec, steps, target_epsilon, rtol)
-    sigma = sigma_eff / effective_noise_multiplier(1.0, noise_mode, num_shards)
-    # Verified exactly as `compute_epsilon` will compute it (a fresh dp_accounting
-    # accountant, the configured sigma), nudged up by factors (1 + rtol) if needed.
-    return _round_up(sigma, rtol, lambda s: spec.replace(noise_multiplier=s).epsilon(steps)
-                     <= target_epsilon)
-
-
-def scale_noise_multiplier_sqrt(noise_multiplier: float, old_batch_size: float,
-                                new_batch_size: float) -> float:
-    """Hoory et al.'s rule: sigma proportional to sqrt(B).
-
-    At a fixed number of *epochs* this keeps epsilon approximately (not exactly)
-    constant: epsilon ~ q sqrt(T) / sigma = sqrt(epochs * B / N) / sigma.  Use
-    `recalibrate_for_batch_size` for an exact answer.
-    """
-    _check_positive("noise_multiplier", noise_multiplier)
-    _check_positive("old_batch_size", old_batch_size)
-    _check_positive("new_batch_size", new_batch_size)
-    return noise_multiplier * math.sqrt(new_batch_size / old_batch_size)
-
-
-def recalibrate_for_batch_size(*, noise_multiplier: float, old_batch_size: float,
-                               new_batch_size: float, num_examples: int, steps: int,
-                               delta: float, **spec_kwargs) -> tuple[float, int]:
-    """Noise multiplier and steps for a new batch size with the same epochs and epsilon.
-
-    Args:
-      noise_multiplier, old_batch_size, steps: the current plan.
-      new_batch_size: the new expected batch size.
-      num_examples, delta, **spec_kwargs: as for `compute_epsilon`.
-
-    Returns:
-      (sigma_new, steps_new) with steps_new = round(steps * old / new) (same
-      number of epochs) and sigma_new calibrated so that epsilon(sigma_new,
-      steps_new) <= epsilon(noise_multiplier, steps) (the old plan's epsilon).
-    """
-    target = compute_epsilon(noise_multiplier=noise_multiplier,
-                             expected_batch_size=old_batch_size, num_examples=num_examples,
-                             steps=steps, delta=delta, **spec_kwargs)
-    new_steps = max(1, round(steps * old_batch_size / new_batch_size))
-    sigma = calibrate_noise_multiplier(target_epsilon=target, expected_batch_size=new_batch_size,
-                                       num_examples=num_examples, steps=new_steps, delta=delta,
-                                       **spec_kwargs)
-    return sigma, new_steps
-
-
-# ----------------------------------------------------------------------------
-# Budget
-# ----------------------------------------------------------------------------
-
-def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
-                            upper_limit: int = 10**8, prior: tuple = ()) -> int:
-    """Largest T <= upper_limit with spec.epsilon(T) <= target_epsilon (0 if none).
-
-    Exact for `spec.epsilon` (the reported epsilon): epsilon(T) <= target <
-    epsilon(T + 1), unless T == upper_limit.  The search runs RDP first (fast,
-    looser, so its T is a lower estimate), then the fast PLD path, and ends with
-    dp_accounting's accountant on the final candidates.  One-off cost at the
-    start of a run: a few seconds for T ~ 1e6.
-
-    `prior`: segments (`dpbert.dp.ledger.Segment`) that ran before this spec's steps; T is
-    then the largest count whose composition with them stays within the target (0 if the
-    prior segments alone exceed it).
-    """
-    _check_positive("target_epsilon", target_epsilon)
-    upper_limit = _check_int("upper_limit", upper_limit, minimum=1)
-    prior = tuple(s for s in prior if s.steps > 0)
-
-    def epsilon(steps: int) -> float:
-        if not prior:
-            return spec.epsilon(steps)
-        events = [s.spec.event(s.steps) for s in prior] + ([spec.event(steps)] if steps else [])
-        return event_epsilon(dp_accounting.ComposedDpEvent(events), spec.delta, spec.accountant)
-
-    def ok(steps: int) -> bool:
-        return (steps == 0 and not prior) or epsilon(steps) <= target_epsilon
-
-    if prior and not ok(0):
-        return 0
-    if spec.accountant == "rdp":
-        return _last_true(ok, 1, upper_limit, first_step=1)
-    start = 1
-    if not prior and (spec.max_batch_size is None or spec.max_batch_size >= spec.num_examples):
-        rdp_spec = spec.replace(accountant="rdp")
-        start = max(1, _last_true(
-            lambda t: t == 0 or rdp_spec.epsilon(t) <= target_epsilon, 1, upper_limit,
-            first_step=1))
-    sigma_eff = spec.effective_noise_multiplier
-    fast = _last_true(
-        lambda t: (t == 0 and not prior) or _fast_pld_epsilon(
-            sigma_eff, spec, t, prior=prior) <= target_epsilon,
-        start, upper_limit, first_step=max(1, start // 100))
-    return _last_true(ok, max(fast, 1), upper_limit, first_step=1)
-
-
-def _last_true(pred, start: int, upper_limit: int, first_step: int) -> int:
-    """Last t in [0, upper_limit] with pred(t), for pred monotone (True then False).
-
-    pred(0) must be True.  Gallops from `start` (steps doubling from
-    `first_step`) to a bracket, then bisects.
-    """
-    step = first_step
-    if pred(start):
-        lo, hi = start, None
-        while hi is None:
-            if lo == upper_limit:
-                return lo
-            cand = min(lo + step, upper_limit)
-            if pred(cand):
-                lo, step = cand, step * 2
-            else:
-                hi = cand
-    else:
-        lo, hi = None, start
-        while lo is None:
-            cand = max(hi - step, 0)
-            if cand == 0 or pred(cand):
-                lo = cand
-            else:
-                hi, step = cand, step * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class PrivacyBudget:
-    """Answers "may the run take another DP-SGD step?" so epsilon never exceeds the target.
-
-    One step = one noise draw (one optimizer update), not one physical batch.
-    Usage in the training loop::
-
-        budget = PrivacyBudget(spec, target_epsilon=8.0)
-        budget.load_state_dict(ckpt["privacy_budget"])   # on resume
-        while budget.may_take_step():
-            ... one logical step ...
-            budget.record_step()
-        ckpt["privacy_budget"] = budget.state_dict()
-
-    `state_dict()` is a plain dict of ints and floats; loading checks that it was
-    produced under the same privacy parameters and raises otherwise.
-    """
-
-    def __init__(self, spec: AccountingSpec, target_epsilon: float,
-                 max_steps: int | None = None):
-        """Args:
-          spec: the run's accounting parameters.
-          target_epsilon: epsilon never to exceed.
-          max_steps: optional precomputed `max_steps_within_budget(spec, target)`
-            (computing it takes a few seconds at ~1M steps).
-        """
-        _check_positive("target_epsilon", target_epsilon)
-        self.spec = spec
-        self.target_epsilon = float(target_epsilon)
-        self.max_steps = (max_steps_within_budget(spec, target_epsilon)
-                          if max_steps is None else int(max_steps))
-        self.steps_taken = 0
-
-    def may_take_step(self) -> bool:
-        return self.steps_taken < self.max_steps
-
-    def record_step(self) -> None:
-        if not self.may_take_step():
-            raise RuntimeError(
-                f"privacy budget exhausted: {self.steps_taken} steps taken, "
-                f"epsilon target {self.target_epsilon} allows {self.max_steps}")
-        self.steps_taken += 1
-
-    @property
-    def remaining_steps(self) -> int:
-        return self.max_steps - self.steps_taken
-
-    def epsilon_spent(self) -> float:
-        return self.spec.epsilon(self.steps_taken) if self.steps_taken else 0.0
-
-    def _fingerprint(self) -> dict[str, int | float]:
-        s = self.spec
-        return {
-            "target_epsilon": self.target_epsilon,
-            "delta": float(s.delta),
-            "effective_noise_multiplier": float(s.effective_noise_multiplier),
-            "expected_batch_size": float(s.expected_batch_size),
-            "num_examples": int(s.num_examples),
-            "max_batch_size": int(s.max_batch_size or 0),
-            "poisson": int(s.sampling == "poisson"),
-            "pld": int(s.accountant == "pld"),
-        }
-
-    def state_dict(self) -> dict[str, int | float]:
-        return {"steps_taken": self.steps_taken, "max_steps": self.max_steps,
-                **self._fingerprint()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in self._fingerprint().items():
-            if key not in state:
-                raise ValueError(f"privacy budget checkpoint lacks key {key!r}")
-            saved = state[key]
-            if (float(saved) != float(value) if isinstance(value, float)
-                    else int(saved) != value):
-                raise ValueError(
-                    f"privacy budget checkpoint has {key}={saved!r} but this run has "
-                    f"{key}={value!r}; changing privacy parameters mid-run is not supported")
-        # Keep the smaller limit if this run computes a different one (e.g. after a
-        # dp_accounting upgrade): a resumed run never goes beyond either.
-        self.max_steps = min(self.max_steps, int(state["max_steps"]))
-        steps = int(state["steps_taken"])
-        if steps > self.max_steps:
-            raise ValueError(f"checkpoint steps_taken={steps} exceeds max_steps={self.max_steps}")
-        self.steps_taken = steps
-
-
 # ----------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------
@@ -707,7 +408,7 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
                          f"(e.g. one of {list(PRIVACY_UNITS)})")
     if clip_norm is not None:
         _check_positive("clip_norm", clip_norm)
-    steps = _check_int("steps", steps, minimum=0)
+    steps = check_int("steps", steps, minimum=0)
     if epsilon is None:
         epsilon = spec.epsilon(steps) if steps else 0.0
     unit_note = (f" The privacy unit ({privacy_unit!r}) must be what the sampler draws and "

@@ -212,6 +212,141 @@ class VmapClipper:
         return grad_sum, {k: v.sum(0) for k, v in m_parts.items()}, nf_parts.sum(0)
 
 
+# ----------------------------------------------------------------------------- registry
+
+# What a clipper needs from the task's loss: "per_example" (`LossFn`), "factored" (a
+# `dpbert.dp.ghost.FactoredLoss`, the per-example loss plus the factored view of the tied word
+# embedding) or "batch" (`BatchLossFn`, the loss of a whole batch: non-private only).
+LOSS_SHAPES = ("per_example", "factored", "batch")
+# batch_loss(params, batch [B, ...], mask bool [B], keys uint32 [B, 2]) -> (loss summed over the
+# real examples f32 [], metric sums dict[str, f32 []]). It may mix examples (TextHide).
+BatchLossFn = Callable[[PyTree, Batch, jax.Array, jax.Array],
+                       tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipperEntry:
+    """A registered clipper: `make(clip_norm, microbatch_size, num_shards, trainable)` builds
+    it; `loss_shape` says which loss it takes; `private` is False for the non-private path."""
+
+    name: str
+    make: Callable[..., GradientClipper]
+    loss_shape: str
+    private: bool
+
+
+_CLIPPERS: dict[str, ClipperEntry] = {}
+
+
+def register_clipper(name: str, *, loss_shape: str = "per_example", private: bool = True):
+    """Class decorator: makes a `GradientClipper` selectable as `dp.clipping=name`.
+
+    A new clipper is one module in `dpbert/dp/` with this decorator on its class (modules of
+    the package are imported on the first lookup, so nothing else needs editing). The class
+    is built as `cls(clip_norm, microbatch_size, num_shards, trainable)`.
+    """
+    if loss_shape not in LOSS_SHAPES:
+        raise ValueError(f"loss_shape={loss_shape!r} is not one of {LOSS_SHAPES}")
+
+    def register(cls):
+        if name in _CLIPPERS and _CLIPPERS[name].make is not cls:
+            raise ValueError(f"a clipper named {name!r} is already registered")
+        _CLIPPERS[name] = ClipperEntry(name, cls, loss_shape, private)
+        return cls
+
+    return register
+
+
+def _load_all() -> None:
+    import importlib  # noqa: PLC0415
+    import pkgutil  # noqa: PLC0415
+
+    import dpbert.dp  # noqa: PLC0415
+
+    for info in pkgutil.iter_modules(dpbert.dp.__path__):
+        importlib.import_module(f"dpbert.dp.{info.name}")
+
+
+def get_clipper(name: str) -> ClipperEntry:
+    """The registered clipper `name` (ValueError listing the names if unknown)."""
+    if name not in _CLIPPERS:
+        _load_all()
+    if name not in _CLIPPERS:
+        raise ValueError(f"unknown clipper {name!r}; registered: {clipper_names()}")
+    return _CLIPPERS[name]
+
+
+def clipper_names(*, private: bool = True) -> tuple[str, ...]:
+    """Names of the registered clippers (the DP ones by default)."""
+    _load_all()
+    return tuple(sorted(n for n, e in _CLIPPERS.items() if e.private == private))
+
+
+register_clipper("vmap")(VmapClipper)
+
+
+@register_clipper("none", loss_shape="batch", private=False)
+@dataclasses.dataclass(frozen=True)
+class BatchGradient:
+    """The non-private gradient: d/dθ of the batch loss, no per-example gradient, no clipping.
+
+    `clipped_sum` returns the gradient of the batch's summed loss (microbatched like the DP
+    clippers; frozen leaves zero), so `DPAggregator` with no noise and the public batch size as
+    `expected_batch_size` is plain mini-batch training. Refuses a finite clip norm: clipping
+    needs per-example gradients, i.e. a DP clipper.
+    """
+
+    clip_norm: float = math.inf
+    microbatch_size: int | None = None
+    num_shards: int = 1
+    trainable: trees.TrainableFilter = None
+
+    def __post_init__(self):
+        if self.clip_norm != math.inf:
+            raise ValueError("the non-private gradient does not clip: clip_norm must be inf")
+        VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards)  # validates
+
+    def clipped_sum(self, loss_fn: BatchLossFn, params: PyTree, batch: Batch,
+                    mask: jax.Array, key: jax.Array, *, first_position: jax.Array | int = 0
+                    ) -> tuple[PyTree, dict[str, jax.Array], jax.Array]:
+        """See `GradientClipper.clipped_sum` (`loss_fn` is a batch loss; num_nonfinite is 1
+        when the batch's loss or gradient is not finite, a signal to stop the run)."""
+        layout = VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards).layout(
+            check_batch(batch, mask))
+        flags = jax.tree.leaves(trees.resolve_trainable_mask(params, self.trainable))
+        treedef = jax.tree.structure(params)
+
+        def chunk_sums(c_batch, c_mask, c_pos):
+            keys = jax.vmap(lambda p: jax.random.fold_in(key, p))(c_pos)
+
+            def f(p):
+                return loss_fn(p, c_batch, c_mask, keys)
+
+            (_, metrics), grads = jax.value_and_grad(f, has_aux=True)(params)
+            grads = [jnp.where(t, g.astype(jnp.float32), 0.0)[None]
+                     for g, t in zip(jax.tree.leaves(grads), flags)]
+            return grads, {k: jnp.asarray(v, jnp.float32)[None] for k, v in metrics.items()}
+
+        # The DP clippers' layout keeps every chunk's rows on the shards that hold them.
+        g_parts, m_parts = scan_microbatches(chunk_sums, batch, mask, first_position,
+                                             layout[:2])
+        grad_sum = jax.tree.unflatten(treedef, [g[0] for g in g_parts])
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in g_parts]))
+        return grad_sum, {k: v[0] for k, v in m_parts.items()}, (~finite).astype(jnp.int32)
+
+
+def batch_loss(loss_fn: LossFn) -> BatchLossFn:
+    """The batch loss of a per-example loss: the sum over the real examples."""
+
+    def fn(params, batch, mask, keys):
+        losses, metrics = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, batch, keys)
+        w = mask.astype(jnp.float32)
+        return (jnp.sum(losses * w),
+                {k: jnp.sum(jnp.asarray(v, jnp.float32) * w) for k, v in metrics.items()})
+
+    return fn
+
+
 def check_batch(batch: Batch, mask: jax.Array) -> int:
     """The physical batch size B = len(mask); raises if a batch array has another one."""
     batch_size = mask.shape[0]

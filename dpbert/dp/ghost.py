@@ -122,6 +122,7 @@ def _table_index(params: PyTree, table_path: tuple[str, ...]) -> int:
     return found[0]
 
 
+@clipping.register_clipper("ghost_embedding", loss_shape="factored")
 @dataclasses.dataclass(frozen=True)
 class TiedEmbeddingClipper:
     """`GradientClipper` with ghost norms for a tied embedding table (see module doc).

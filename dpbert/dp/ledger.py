@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import dp_accounting
 
-from dpbert.dp import accounting
+from dpbert.dp import accounting, calibration
 
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(accounting.AccountingSpec))
 
@@ -137,5 +137,5 @@ class PrivacyLedger:
     def max_steps_within_budget(self, target_epsilon: float, upper_limit: int) -> int:
         """Largest number of current-segment steps T <= upper_limit whose whole-run epsilon
         is <= target_epsilon (0 if not even one fits)."""
-        return accounting.max_steps_within_budget(self.current, target_epsilon,
+        return calibration.max_steps_within_budget(self.current, target_epsilon,
                                                   upper_limit=upper_limit, prior=self.closed)

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from dpbert.dp import trees
+from dpbert.dp.accounting import NOISE_MODES
 
 PyTree = Any
-NOISE_MODES = ("global", "per_shard")
 
 
 def noise_stddev(clip_norm: float, noise_multiplier: float, noise_mode: str = "global",

@@ -38,9 +38,17 @@ import numpy as np
 from scipy import stats
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an integer >= {minimum}")
+SAMPLING_MODES = ("poisson", "shuffle")
+
+
+def check_int(name: str, value: Any, *, minimum: int) -> int:
+    """`value` as an int (ints, NumPy ints and integral floats), ValueError naming `name` if it
+    is not one or is below `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
+            isinstance(value, float) and value.is_integer()):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if int(value) < minimum:
+        raise ValueError(f"{name}={value!r} must be >= {minimum}")
     return int(value)
 
 
@@ -51,7 +59,7 @@ def capacity_for_overflow_probability(num_examples: int, expected_batch_size: fl
     With this maximum logical batch size, truncation happens in a given step with
     probability at most `overflow_probability` (and is accounted for anyway).
     """
-    num_examples = _check_int("num_examples", num_examples, 1)
+    num_examples = check_int("num_examples", num_examples, minimum=1)
     q = expected_batch_size / num_examples
     if not 0 < q <= 1:
         raise ValueError(f"expected_batch_size / num_examples = {q} must be in (0, 1]")
@@ -70,10 +78,10 @@ class _Sampler:
 
     def __init__(self, num_examples: int, physical_batch_size: int, calls_per_batch: int,
                  seed: int):
-        self.num_examples = _check_int("num_examples", num_examples, 1)
-        self.physical_batch_size = _check_int("physical_batch_size", physical_batch_size, 1)
-        self.calls_per_batch = _check_int("calls_per_batch", calls_per_batch, 1)
-        self.seed = _check_int("seed", seed, 0)
+        self.num_examples = check_int("num_examples", num_examples, minimum=1)
+        self.physical_batch_size = check_int("physical_batch_size", physical_batch_size, minimum=1)
+        self.calls_per_batch = check_int("calls_per_batch", calls_per_batch, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0)
         self.call = 0  # Next physical call to serve.
         self._cache: tuple[int, np.ndarray] | None = None
 
@@ -92,7 +100,7 @@ class _Sampler:
         the first slots of the logical batch; padding slots have index 0 and mask
         False.
         """
-        call = _check_int("call", call, 0)
+        call = check_int("call", call, minimum=0)
         step, part = divmod(call, self.calls_per_batch)
         if self._cache is None or self._cache[0] != step:
             members = self.logical_batch(step)
@@ -121,7 +129,7 @@ class _Sampler:
             if int(state[key]) != getattr(self, key):
                 raise ValueError(f"sampler checkpoint has {key}={state[key]} but this "
                                  f"sampler has {key}={getattr(self, key)}")
-        self.call = _check_int("call", int(state["call"]), 0)
+        self.call = check_int("call", int(state["call"]), minimum=0)
 
 
 class PoissonSampler(_Sampler):
@@ -157,7 +165,7 @@ class PoissonSampler(_Sampler):
         return float(stats.binom.sf(self.max_batch_size, self.num_examples, self.q))
 
     def logical_batch(self, step: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, _check_int("step", step, 0)])
+        rng = np.random.default_rng([self.seed, check_int("step", step, minimum=0)])
         size = rng.binomial(self.num_examples, self.q)
         # Given its size, a Poisson sample is a uniform subset; a uniform subset of
         # min(size, max) elements is exactly "Poisson, then keep a uniformly random
@@ -186,7 +194,7 @@ class ShuffleSampler(_Sampler):
         self._perm: tuple[int, np.ndarray] | None = None
 
     def logical_batch(self, step: int) -> np.ndarray:
-        epoch, index = divmod(_check_int("step", step, 0), self.steps_per_epoch)
+        epoch, index = divmod(check_int("step", step, minimum=0), self.steps_per_epoch)
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(
                 self.num_examples).astype(np.int64))
@@ -207,4 +215,4 @@ def make_sampler(sampling: str, *, num_examples: int, expected_batch_size: float
                 f"sampling='shuffle' needs expected_batch_size ({expected_batch_size}) == "
                 f"physical_batch_size * calls_per_batch ({physical_batch_size * calls_per_batch})")
         return ShuffleSampler(num_examples, physical_batch_size, calls_per_batch, seed)
-    raise ValueError(f"sampling={sampling!r} is not one of ['poisson', 'shuffle']")
+    raise ValueError(f"sampling={sampling!r} is not one of {list(SAMPLING_MODES)}")

@@ -1,4 +1,4 @@
-"""The sharded DP training loop end to end: demo config, sharding/multi-host equivalence,
+"""The pretraining task on the sharded DP training loop end to end: demo config, sharding/multi-host equivalence,
 kill-and-resume, SIGTERM, budget, bad configs, export."""
 
 import json
@@ -17,9 +17,14 @@ import pytest
 import transformers
 
 from configs import demo_dp
+from data_pipelines import tokenization
 from dpbert import checkpointing
 from dpbert import dp as dp_lib
-from dpbert import train
+from dpbert import sharding
+from dpbert.dp import plan as plan_lib
+from dpbert.dp import trees
+from dpbert.errors import ConfigError
+from dpbert.tasks import pretraining as train
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -151,7 +156,7 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
     shipped = json.loads((workdir / "hf" / "vocab_privacy.json").read_text())
     assert shipped["epsilon"] == vocab["vocabulary_epsilon"] and "num_examples" not in shipped
     # Nothing that derives the noise or the batches is written outside the checkpoint.
-    sampler_seed = train.checkpointing.Checkpointer(workdir / "checkpoints").read_meta(4)[
+    sampler_seed = checkpointing.Checkpointer(workdir / "checkpoints").read_meta(4)[
         "sampler"]["seed"]
     for path in workdir.rglob("*"):
         if path.is_file() and "checkpoints" not in path.parts and path.suffix in (
@@ -174,15 +179,15 @@ def test_noise_multiplier_changes_epsilon_as_the_accountant_says(cache_dir):
     for sigma in (0.8, 1.6):
         c = small_config(cache_dir, **{"dp.noise_multiplier": sigma, "train.num_steps": 50,
                                        **UNTRUNCATED})
-        plan = train.make_plan(c, num_examples=1000, num_shards=8)
+        plan = plan_lib.from_config(c, num_examples=1000, num_shards=8)
         expected = dp_lib.compute_epsilon(
             noise_multiplier=sigma, expected_batch_size=16, num_examples=1000, steps=50,
             delta=1e-4)
         assert plan.spec.max_batch_size is None
         assert plan.spec.epsilon(50) == pytest.approx(expected, rel=1e-12)
-    lo = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 1.6, **UNTRUNCATED}),
+    lo = plan_lib.from_config(small_config(cache_dir, **{"dp.noise_multiplier": 1.6, **UNTRUNCATED}),
                          1000, 8)
-    hi = train.make_plan(small_config(cache_dir, **{"dp.noise_multiplier": 0.8, **UNTRUNCATED}),
+    hi = plan_lib.from_config(small_config(cache_dir, **{"dp.noise_multiplier": 0.8, **UNTRUNCATED}),
                          1000, 8)
     assert lo.spec.epsilon(50) < hi.spec.epsilon(50)
 
@@ -190,10 +195,10 @@ def test_noise_multiplier_changes_epsilon_as_the_accountant_says(cache_dir):
 def test_budget_stops_at_last_step_within_target(cache_dir):
     c = small_config(cache_dir, **{"train.num_steps": 1000, "dp.target_epsilon": None,
                                    **UNTRUNCATED})
-    eps_at = lambda t: train.make_plan(c, 1000, 8).spec.epsilon(t)
+    eps_at = lambda t: plan_lib.from_config(c, 1000, 8).spec.epsilon(t)
     target = (eps_at(300) + eps_at(301)) / 2
     c.dp.target_epsilon = target
-    plan = train.make_plan(c, 1000, 8)
+    plan = plan_lib.from_config(c, 1000, 8)
     assert plan.num_steps == 300
     assert plan.spec.epsilon(300) <= target < plan.spec.epsilon(301)
 
@@ -201,7 +206,7 @@ def test_budget_stops_at_last_step_within_target(cache_dir):
 def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 3.0,
                                    "train.num_steps": 200, **UNTRUNCATED})
-    plan = train.make_plan(c, 1000, 8)
+    plan = plan_lib.from_config(c, 1000, 8)
     assert plan.num_steps == 200
     assert plan.spec.epsilon(200) <= 3.0
     assert plan.spec.epsilon(200) > 2.9  # calibrated, not merely safe
@@ -234,7 +239,7 @@ def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
 def test_incompatible_checkpoint_is_refused(cache_dir, tmp_path):
     workdir = tmp_path / "run"
     train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 2}), workdir)
-    with pytest.raises(train.checkpointing.IncompatibleCheckpointError,
+    with pytest.raises(checkpointing.IncompatibleCheckpointError,
                        match=r"dp.clip_norm: checkpoint=1.0 config=2.0"):
         train.train_and_evaluate(small_config(cache_dir, **{"dp.clip_norm": 2.0}), workdir)
     # More steps is a compatible change: the run resumes and continues.
@@ -376,15 +381,15 @@ def test_resume_reuses_the_calibrated_sigma_and_the_budget_covers_it(cache_dir):
     that sigma) and the budget stops it; a larger target lets it go on at the same sigma."""
     c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 2.0,
                                    "train.num_steps": 2, **UNTRUNCATED})
-    first = train.make_plan(c, 1000, 8)
+    first = plan_lib.from_config(c, 1000, 8)
     sigma, saved = first.noise_multiplier, first.ledger.to_json(2)
     assert first.ledger.epsilon(2) <= 2.0
     c.train.num_steps = 20
-    spent = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=2)
+    spent = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=2)
     assert spent.noise_multiplier == sigma and spent.num_steps == 2
     assert spent.ledger.epsilon(2) == first.ledger.epsilon(2)
     c.dp.target_epsilon = 3.0
-    more = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=2)
+    more = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=2)
     assert more.noise_multiplier == sigma and 2 < more.num_steps < 20
     direct = lambda t: dp_lib.compute_epsilon(noise_multiplier=sigma, expected_batch_size=16,
                                               num_examples=1000, steps=t, delta=1e-4)
@@ -406,10 +411,10 @@ def _composed(segments, delta=1e-4, n=1000, b=16):
 def test_per_shard_resume_on_other_devices_composes_the_segments(cache_dir):
     c = small_config(cache_dir, **{"dp.noise_mode": "per_shard", "dp.target_epsilon": None,
                                    "train.num_steps": 30, **UNTRUNCATED})
-    one = train.make_plan(c, 1000, 1)
+    one = plan_lib.from_config(c, 1000, 1)
     saved = one.ledger.to_json(10)
     c.train.num_steps = 40
-    eight = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=10)
+    eight = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=10)
     assert [s.steps for s in eight.ledger.closed] == [10]
     expected = _composed([(1.0, 10), (8 ** 0.5, 30)])
     assert eight.ledger.epsilon(30) == pytest.approx(expected, rel=1e-9)
@@ -417,11 +422,11 @@ def test_per_shard_resume_on_other_devices_composes_the_segments(cache_dir):
     # The budget counts the first segment too.
     c.dp.target_epsilon = (_composed([(1.0, 10), (8 ** 0.5, 20)]) +
                            _composed([(1.0, 10), (8 ** 0.5, 21)])) / 2
-    capped = train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=10)
+    capped = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=10)
     assert capped.num_steps == 30
     # A ledger that does not match the checkpoint's step is refused.
-    with pytest.raises(train.ConfigError, match="ledger covers 10 steps"):
-        train.make_plan(c, 1000, 8, saved_ledger=saved, start_step=12)
+    with pytest.raises(ConfigError, match="ledger covers 10 steps"):
+        plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=12)
 
 
 @pytest.mark.slow
@@ -459,7 +464,7 @@ def test_resume_on_changed_training_data_is_refused(cache_dir, tmp_path):
     # Other notes in the same file: the config is unchanged, the data are not.
     synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=4))
     config_before = (tmp_path / "run" / "config.json").stat().st_mtime_ns
-    with pytest.raises(train.ConfigError, match="training examples differ"):
+    with pytest.raises(ConfigError, match="training examples differ"):
         train.train_and_evaluate(c, tmp_path / "run")
     assert (tmp_path / "run" / "config.json").stat().st_mtime_ns == config_before
 
@@ -476,7 +481,7 @@ def hf_start(tmp_path_factory):
     synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
     dp_vocab.build_vocab(corpus, "text", 1000, None, None, 64, root / "vocab", dp=False,
                          seed=0, progress=False)
-    vocab = hf.read_vocab(root / "vocab" / "vocab.txt")
+    vocab = tokenization.load_vocab(root / "vocab" / "vocab.txt")
     model = model_lib.create_model(model_lib.BertConfig.preset(
         "tiny", len(vocab), max_position_embeddings=64), seed=5)
     hf.save_pretrained(model, root / "bert", root / "vocab" / "vocab.txt")
@@ -526,7 +531,7 @@ def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_pat
 
 def test_dchi_needs_a_pretrained_start(cache_dir, tmp_path):
     c = small_config(cache_dir, **{"dchi.mechanism": "text_to_text"})
-    with pytest.raises(train.ConfigError, match="model.init_from_hf"):
+    with pytest.raises(ConfigError, match="model.init_from_hf"):
         train.train_and_evaluate(c, tmp_path / "x")
 
 
@@ -536,18 +541,17 @@ def test_optimizer_state_is_sharded_like_the_parameters():
 
     from dpbert import model as model_lib
     from dpbert import optimizers
-    from dpbert import sharding
 
     mesh = sharding.make_mesh(4, 2)
     model = model_lib.create_model(model_lib.BertConfig.preset("tiny", 100))
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-    shardings = train.pure_param_shardings(model, mesh)
+    shardings = sharding.pure_param_shardings(model, mesh)
     opt_cfg = dict(name="adamw", learning_rate=1e-3, warmup_steps=1, total_steps=10,
                    weight_decay=0.01)
     tx = optimizers.make_optimizer(opt_cfg, params,
                                    trainable=dp_lib.freeze_paths_containing("word_embeddings"))
-    opt = train.opt_state_shardings(jax.eval_shape(tx.init, params), params, shardings, mesh)
-    specs = {train._path_key(p): s.spec for p, s in jax.tree_util.tree_leaves_with_path(opt)}
+    opt = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, shardings, mesh)
+    specs = {trees.path_names(p): s.spec for p, s in jax.tree_util.tree_leaves_with_path(opt)}
     kernel = ("bert", "encoder", "layer", "0", "intermediate", "dense", "kernel")
     moments = [k for k in specs if k[-len(kernel):] == kernel]
     assert len(moments) == 2  # mu and nu
@@ -594,12 +598,12 @@ def test_real_corpora_feed_the_training_loop(shared_data, cache_dir, tmp_path, c
 def test_mimic_config_without_corpus_says_what_is_missing(tmp_path):
     from configs import mimic_dp
 
-    with pytest.raises(train.ConfigError, match=r"data.paths.*is empty: give a MIMIC-III "
+    with pytest.raises(ConfigError, match=r"data.paths.*is empty: give a MIMIC-III "
                                                 r"NOTEEVENTS"):
         train.train_and_evaluate(mimic_dp.get_config(), tmp_path)
     c = mimic_dp.get_config()
     c.data.paths = ("/nowhere/NOTEEVENTS.csv.gz",)
-    with pytest.raises(train.ConfigError, match="/nowhere/NOTEEVENTS.csv.gz' does not exist"):
+    with pytest.raises(ConfigError, match="/nowhere/NOTEEVENTS.csv.gz' does not exist"):
         train.train_and_evaluate(c, tmp_path)
     with pytest.raises(ValueError, match="unknown config arg"):
         mimic_dp.get_config("sise=tiny")
@@ -609,5 +613,5 @@ def test_wiki_books_needs_prepared_tfds_and_a_vocab(tmp_path):
     from configs import wiki_books
 
     c = wiki_books.get_config("tiny")
-    with pytest.raises(train.ConfigError, match="vocab.file is empty"):
+    with pytest.raises(ConfigError, match="vocab.file is empty"):
         train.train_and_evaluate(c, tmp_path / "a")

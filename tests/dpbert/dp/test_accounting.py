@@ -9,7 +9,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpbert.dp import accounting
+from dpbert.dp import accounting, calibration
 
 # (noise_multiplier, q, steps, delta)
 FIXTURES = [
@@ -152,7 +152,7 @@ def test_calibration_round_trips(accountant, target, kwargs):
     common = dict(expected_batch_size=1000, num_examples=100_000, steps=2000, delta=1e-6,
                   accountant=accountant)
     common.update(kwargs)
-    sigma = accounting.calibrate_noise_multiplier(target_epsilon=target, **common)
+    sigma = calibration.calibrate_noise_multiplier(target_epsilon=target, **common)
     eps = accounting.compute_epsilon(noise_multiplier=sigma, **common)
     assert eps <= target
     # Tight: 0.2 % less noise would exceed the target.
@@ -162,7 +162,7 @@ def test_calibration_round_trips(accountant, target, kwargs):
 def test_calibration_is_within_tolerance_of_a_finer_computation():
     """The calibrated sigma (report grid 1e-4), re-evaluated on a 10x finer PLD grid."""
     q, steps, delta, target = 0.004, 5000, 1e-6, 1.5
-    sigma = accounting.calibrate_noise_multiplier(
+    sigma = calibration.calibrate_noise_multiplier(
         target_epsilon=target, expected_batch_size=q * 100_000, num_examples=100_000,
         steps=steps, delta=delta)
     event = dp_accounting.SelfComposedDpEvent(
@@ -177,7 +177,7 @@ def test_calibration_is_within_tolerance_of_a_finer_computation():
 def test_calibration_at_one_million_steps_under_5_seconds():
     # CPU time of this process, so that other jobs on the machine do not count.
     start = time.process_time()
-    sigma = accounting.calibrate_noise_multiplier(
+    sigma = calibration.calibrate_noise_multiplier(
         target_epsilon=8.0, expected_batch_size=131072, num_examples=83_000_000,
         steps=1_000_000, delta=1e-8)
     elapsed = time.process_time() - start
@@ -187,11 +187,11 @@ def test_calibration_at_one_million_steps_under_5_seconds():
 
 
 def test_sqrt_batch_rule_and_recalibration():
-    assert accounting.scale_noise_multiplier_sqrt(1.0, 1024, 4096) == pytest.approx(2.0)
+    assert calibration.scale_noise_multiplier_sqrt(1.0, 1024, 4096) == pytest.approx(2.0)
     kw = dict(num_examples=1_000_000, delta=1e-7)
     eps_old = accounting.compute_epsilon(noise_multiplier=1.0, expected_batch_size=1000,
                                          steps=4000, **kw)
-    sigma, steps = accounting.recalibrate_for_batch_size(
+    sigma, steps = calibration.recalibrate_for_batch_size(
         noise_multiplier=1.0, old_batch_size=1000, new_batch_size=4000, steps=4000, **kw)
     assert steps == 1000  # same number of epochs
     eps_new = accounting.compute_epsilon(noise_multiplier=sigma, expected_batch_size=4000,
@@ -207,7 +207,7 @@ def test_sqrt_batch_rule_and_recalibration():
 def test_budget_stops_at_the_last_step_within_target(sigma, target, kwargs):
     spec = accounting.AccountingSpec(noise_multiplier=sigma, expected_batch_size=1000,
                                      num_examples=100_000, delta=1e-6, **kwargs)
-    budget = accounting.PrivacyBudget(spec, target_epsilon=target)
+    budget = calibration.PrivacyBudget(spec, target_epsilon=target)
     t = budget.max_steps
     assert t > 100
     assert spec.epsilon(t) <= target < spec.epsilon(t + 1)
@@ -223,16 +223,16 @@ def test_budget_stops_at_the_last_step_within_target(sigma, target, kwargs):
 def test_budget_checkpoint_round_trip_and_mismatch():
     spec = accounting.AccountingSpec(noise_multiplier=1.2, expected_batch_size=500,
                                      num_examples=50_000, delta=1e-6)
-    budget = accounting.PrivacyBudget(spec, target_epsilon=2.0)
+    budget = calibration.PrivacyBudget(spec, target_epsilon=2.0)
     for _ in range(7):
         budget.record_step()
     state = budget.state_dict()
     assert all(type(v) in (int, float) for v in state.values())
     state = json.loads(json.dumps(state))  # survives a JSON checkpoint
-    resumed = accounting.PrivacyBudget(spec, target_epsilon=2.0, max_steps=state["max_steps"])
+    resumed = calibration.PrivacyBudget(spec, target_epsilon=2.0, max_steps=state["max_steps"])
     resumed.load_state_dict(state)
     assert resumed.steps_taken == 7 and resumed.max_steps == budget.max_steps
-    other = accounting.PrivacyBudget(spec.replace(noise_multiplier=1.0), 2.0, max_steps=10)
+    other = calibration.PrivacyBudget(spec.replace(noise_multiplier=1.0), 2.0, max_steps=10)
     with pytest.raises(ValueError, match="effective_noise_multiplier"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="lacks key"):
@@ -242,7 +242,7 @@ def test_budget_checkpoint_round_trip_and_mismatch():
 def test_budget_zero_when_one_step_exceeds_target():
     spec = accounting.AccountingSpec(noise_multiplier=0.8, expected_batch_size=1000,
                                      num_examples=100_000, delta=1e-6)
-    budget = accounting.PrivacyBudget(spec, target_epsilon=0.01)
+    budget = calibration.PrivacyBudget(spec, target_epsilon=0.01)
     assert budget.max_steps == 0 and not budget.may_take_step()
 
 

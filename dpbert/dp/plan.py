@@ -1,0 +1,272 @@
+"""The DP plan: every number of a run's DP-SGD, fixed before its first step.
+
+One frozen object bundles what jax_privacy's execution plan bundles -- batch selection, clipping,
+noise and the privacy event -- built from a config's `dp` and `batch` sections:
+
+    plan = make_plan(config.dp, config.batch, num_steps=..., num_examples=N, num_shards=P,
+                     sampler_seed=secret_seed, saved_ledger=checkpoint_ledger, start_step=s)
+    updater = plan.make_updater(loss_fn, optimizer, trainable=..., noise_draw_sharding=...)
+
+    sampler          Poisson (fixed-capacity padded physical batches, truncation accounted) or
+                     shuffled epochs; its seed is the run's SECRET seed
+    calls_per_batch  jitted calls per logical batch (the batch spread in time)
+    clipping         a registered clipper (`dpbert.dp.clipping.register_clipper`) and the loss
+                     shape it needs from the task
+    noise            sigma (given, or calibrated once from dp.target_epsilon and then read from
+                     the ledger on every resume), C, global or per-shard noise
+    ledger           the privacy event of the whole run (`dpbert.dp.ledger`), None without DP
+    num_steps        the global step to stop at: train.num_steps, capped by the budget
+
+A non-private run (dp.enabled=False) is the same plan with no noise and no clipping: shuffled
+fixed-size batches, the `none` clipper (the batch gradient) and no ledger, so the training loop
+has one path (`DPAggregator`) for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+from dpbert.dp import accounting, calibration, sampling
+from dpbert.dp import ledger as ledger_lib
+from dpbert.errors import ConfigError
+
+PRIVACY_UNITS = ("example",)  # units the training loop implements
+
+
+@dataclasses.dataclass(frozen=True)
+class DPPlan:
+    """See the module docstring. All fields are public except the sampler's seed."""
+
+    private: bool
+    clipping: str
+    clip_norm: float
+    noise_multiplier: float
+    noise_mode: str
+    num_examples: int
+    num_shards: int
+    expected_batch_size: float
+    physical_batch_size: int
+    microbatch_size: int | None
+    calls_per_batch: int
+    num_steps: int
+    max_steps_by_budget: int | None
+    sampler: Any = dataclasses.field(repr=False)
+    ledger: ledger_lib.PrivacyLedger | None = None
+
+    @property
+    def spec(self) -> accounting.AccountingSpec | None:
+        """The mechanism of the current segment (None without DP)."""
+        return None if self.ledger is None else self.ledger.current
+
+    @property
+    def loss_shape(self) -> str:
+        """What the clipper needs from the task's loss (`clipping.LOSS_SHAPES`)."""
+        from dpbert.dp import clipping  # noqa: PLC0415  (JAX; host-only users skip it)
+
+        return clipping.get_clipper(self.clipping).loss_shape
+
+    def epsilon(self, step: int) -> float | None:
+        """The whole run's epsilon at global step `step` (None without DP)."""
+        if self.ledger is None:
+            return None
+        return self.ledger.epsilon(step - self.ledger.closed_steps)
+
+    def make_updater(self, loss_fn, optimizer, *, trainable=None, noise_draw_sharding=None):
+        """The `DPAggregator` running this plan: clip (or not) -> accumulate -> noise (or not)
+        -> optimizer. `loss_fn` must have `loss_shape`."""
+        from dpbert.dp import accumulation, clipping  # noqa: PLC0415
+
+        config = accumulation.DPConfig(
+            clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
+            expected_batch_size=self.expected_batch_size, microbatch_size=self.microbatch_size,
+            accumulation_steps=self.calls_per_batch, noise_mode=self.noise_mode,
+            num_shards=self.num_shards)
+        clipper = clipping.get_clipper(self.clipping).make(
+            self.clip_norm, self.microbatch_size, self.num_shards, trainable)
+        return accumulation.DPAggregator(config, loss_fn, optimizer, trainable=trainable,
+                                         clipper=clipper,
+                                         noise_draw_sharding=noise_draw_sharding)
+
+
+def _need(config: ml_collections.ConfigDict, section: str, cond: bool, field: str, why: str):
+    if not cond:
+        raise ConfigError(f"config.{section}.{field}={config.get(field)!r}: {why}")
+
+
+def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) -> None:
+    """Checks of the dp and batch sections that need no data; one ConfigError per problem."""
+    from dpbert.dp import clipping  # noqa: PLC0415
+
+    b = lambda *a: _need(batch, "batch", *a)  # noqa: E731
+    b(batch.expected_batch_size > 0, "expected_batch_size", "must be > 0")
+    b(isinstance(batch.physical_batch_size, int) and batch.physical_batch_size > 0,
+      "physical_batch_size", "must be a positive integer")
+    if batch.microbatch_size is not None:
+        b(batch.microbatch_size > 0 and batch.physical_batch_size % batch.microbatch_size == 0,
+          "microbatch_size", f"must divide batch.physical_batch_size "
+                             f"({batch.physical_batch_size})")
+    d = lambda *a: _need(dp, "dp", *a)  # noqa: E731
+    if not dp.enabled:
+        b(batch.expected_batch_size == batch.physical_batch_size, "expected_batch_size",
+          "without DP, batches are fixed: set it equal to batch.physical_batch_size")
+        return
+    d(dp.privacy_unit in PRIVACY_UNITS, "privacy_unit",
+      f"must be one of {PRIVACY_UNITS} (one training sequence) in the training loop")
+    d(dp.clip_norm > 0 and math.isfinite(dp.clip_norm), "clip_norm",
+      "must be a positive finite number")
+    d(dp.noise_multiplier is not None or dp.target_epsilon is not None, "noise_multiplier",
+      "give a noise multiplier, or dp.target_epsilon to calibrate one")
+    if dp.noise_multiplier is not None:
+        d(dp.noise_multiplier > 0, "noise_multiplier", "must be > 0 with DP on")
+    if dp.target_epsilon is not None:
+        d(dp.target_epsilon > 0, "target_epsilon", "must be > 0")
+    d(dp.sampling in sampling.SAMPLING_MODES, "sampling",
+      f"must be one of {sampling.SAMPLING_MODES}")
+    names = clipping.clipper_names()
+    d(dp.clipping in names, "clipping", f"must be one of {names}")
+    d(dp.noise_mode in accounting.NOISE_MODES, "noise_mode",
+      f"must be one of {accounting.NOISE_MODES}")
+    d(dp.accountant in accounting.ACCOUNTANTS, "accountant",
+      f"must be one of {accounting.ACCOUNTANTS}")
+    d(0 < dp.overflow_probability < 1, "overflow_probability", "must be in (0, 1)")
+    d(isinstance(dp.insecure_seeded_noise, bool), "insecure_seeded_noise",
+      "must be True or False")
+
+
+def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *,
+              num_steps: int, num_examples: int, num_shards: int, sampler_seed: int,
+              saved_ledger: list | None = None, start_step: int = 0) -> DPPlan:
+    """The plan of a fresh run, or of a resumed one (`saved_ledger` and `start_step` from its
+    checkpoint). `sampler_seed` is the run's secret seed (`dpbert.dp.randomness`)."""
+    b = batch
+    if b.physical_batch_size % num_shards:
+        raise ConfigError(
+            f"config.batch.physical_batch_size={b.physical_batch_size} is not divisible by the "
+            f"{num_shards} devices that split the batch")
+    if b.microbatch_size is not None and b.microbatch_size % num_shards:
+        raise ConfigError(f"config.batch.microbatch_size={b.microbatch_size} is not divisible by "
+                          f"the {num_shards} devices that split the batch")
+    if b.expected_batch_size > num_examples:
+        raise ConfigError(f"config.batch.expected_batch_size={b.expected_batch_size} exceeds the "
+                          f"{num_examples} training examples")
+    if not dp.enabled:
+        sampler = sampling.make_sampler("shuffle", num_examples=num_examples,
+                                        expected_batch_size=b.physical_batch_size,
+                                        physical_batch_size=b.physical_batch_size,
+                                        seed=sampler_seed)
+        return DPPlan(False, "none", math.inf, 0.0, "global", num_examples, num_shards,
+                      float(b.physical_batch_size), b.physical_batch_size, b.microbatch_size, 1,
+                      num_steps, None, sampler, None)
+    if dp.delta >= 1.0 / num_examples:
+        raise ConfigError(f"config.dp.delta={dp.delta} must be < 1/N = {1.0 / num_examples:.3g} "
+                          f"for the N={num_examples} training examples")
+    calls = _calls_per_batch(dp, b, num_examples)
+    sampler = sampling.make_sampler(dp.sampling, num_examples=num_examples,
+                                    expected_batch_size=b.expected_batch_size,
+                                    physical_batch_size=b.physical_batch_size,
+                                    calls_per_batch=calls, seed=sampler_seed)
+    # The accounted mechanism is read off the sampler (sampling, N, q, truncation size).
+    spec = accounting.AccountingSpec.from_sampler(
+        sampler, noise_multiplier=dp.noise_multiplier or 1.0, delta=dp.delta,
+        noise_mode=dp.noise_mode, num_shards=num_shards, accountant=dp.accountant)
+    if dp.noise_multiplier is None:
+        spec = spec.replace(noise_multiplier=_noise_multiplier(dp, spec, num_steps,
+                                                               saved_ledger))
+    ledger = _ledger(spec, saved_ledger, start_step)
+    num_steps, by_budget = _budget(dp, ledger, num_steps, start_step)
+    return DPPlan(True, dp.clipping, float(dp.clip_norm), spec.noise_multiplier, dp.noise_mode,
+                  num_examples, num_shards, float(b.expected_batch_size), b.physical_batch_size,
+                  b.microbatch_size, calls, num_steps, by_budget, sampler, ledger)
+
+
+def from_config(config: ml_collections.ConfigDict, num_examples: int, num_shards: int, *,
+                sampler_seed: int | None = None, **kwargs) -> DPPlan:
+    """`make_plan` from a whole experiment config (sampler seed default config.seed: tests)."""
+    seed = config.seed if sampler_seed is None else sampler_seed
+    return make_plan(config.dp, config.batch, num_steps=config.train.num_steps,
+                     num_examples=num_examples, num_shards=num_shards, sampler_seed=seed,
+                     **kwargs)
+
+
+def _calls_per_batch(dp, b, num_examples: int) -> int:
+    if dp.sampling == "poisson":
+        # Enough calls that a Poisson batch overflows (and is truncated, which is accounted)
+        # with probability <= overflow_probability per step.
+        capacity = sampling.capacity_for_overflow_probability(
+            num_examples, b.expected_batch_size, dp.overflow_probability)
+        return max(1, math.ceil(capacity / b.physical_batch_size))
+    calls = round(b.expected_batch_size / b.physical_batch_size)
+    if calls * b.physical_batch_size != b.expected_batch_size:
+        raise ConfigError(f"config.batch.expected_batch_size={b.expected_batch_size} must be a "
+                          f"multiple of batch.physical_batch_size with sampling='shuffle'")
+    return calls
+
+
+def _noise_multiplier(dp, spec: accounting.AccountingSpec, num_steps: int,
+                      saved_ledger: list | None) -> float:
+    """sigma from dp.target_epsilon: calibrated at the start of the run, read back after."""
+    if saved_ledger:
+        # Recalibrating on resume (say, for more steps) would claim the target while the steps
+        # already taken spent more.
+        sigma = float(saved_ledger[-1]["spec"]["noise_multiplier"])
+        logging.info("noise multiplier %.4f: calibrated at the start of this run (read from "
+                     "the checkpoint, not recalibrated)", sigma)
+        return sigma
+    sigma = calibration.calibrate_noise_multiplier(
+        target_epsilon=dp.target_epsilon, steps=num_steps,
+        expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
+        delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
+        noise_mode=spec.noise_mode, num_shards=spec.num_shards,
+        max_batch_size=spec.max_batch_size)
+    logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps", sigma,
+                 dp.target_epsilon, num_steps)
+    return sigma
+
+
+def _ledger(spec: accounting.AccountingSpec, saved_ledger: list | None,
+            start_step: int) -> ledger_lib.PrivacyLedger:
+    if not saved_ledger:
+        return ledger_lib.PrivacyLedger.fresh(spec)
+    ledger, in_segment = ledger_lib.PrivacyLedger.resume(saved_ledger, spec)
+    if ledger.closed_steps + in_segment != start_step:
+        raise ConfigError(f"the checkpoint's privacy ledger covers "
+                          f"{ledger.closed_steps + in_segment} steps but the checkpoint is at "
+                          f"step {start_step}: refusing to resume an inconsistent checkpoint")
+    if ledger.closed:
+        logging.warning("the privacy mechanism changed on resume (e.g. per-shard noise on "
+                        "another device count): epsilon composes %d segments",
+                        len(ledger.closed) + 1)
+    return ledger
+
+
+def _budget(dp, ledger: ledger_lib.PrivacyLedger, num_steps: int,
+            start_step: int) -> tuple[int, int | None]:
+    """(global step to stop at, global step the budget allows or None)."""
+    if dp.target_epsilon is None:
+        return num_steps, None
+    requested = num_steps
+    allowed = ledger.max_steps_within_budget(
+        dp.target_epsilon, upper_limit=max(num_steps - ledger.closed_steps, 1))
+    by_budget = ledger.closed_steps + allowed
+    num_steps = min(num_steps, by_budget)
+    if num_steps == 0:
+        raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: not even one step "
+                          f"fits the budget with noise multiplier "
+                          f"{ledger.current.noise_multiplier}")
+    if num_steps < start_step:
+        raise ConfigError(
+            f"config.dp.target_epsilon={dp.target_epsilon}: the checkpoint at step "
+            f"{start_step} already exceeds it (the budget allows {num_steps} steps)")
+    if 0 < start_step == num_steps < requested:
+        logging.warning(
+            "config.dp.target_epsilon=%s is spent: the checkpoint at step %d has epsilon "
+            "%.4g and one more step would exceed the target, so train.num_steps=%d cannot be "
+            "reached; finishing at step %d (raise dp.target_epsilon to train on)",
+            dp.target_epsilon, start_step, ledger.epsilon(start_step - ledger.closed_steps),
+            requested, start_step)
+    return num_steps, by_budget

@@ -1,0 +1,581 @@
+"""One DP training loop for every task: `run(task, config, workdir)`.
+
+    checks     the task's and the DP plan's config checks; a lock on the workdir; a checkpoint
+               from another config (or other data) refused before any expensive work
+    secrets    the noise key and sampler seed: drawn from OS entropy for a fresh run, read from
+               the checkpoint on resume (`dpbert.dp.randomness`)
+    data       task.prepare -> random-access train / eval datasets (+ vocabulary report)
+    plan       `dpbert.dp.plan.make_plan`: sampler, calls per batch, clipper, noise, ledger,
+               budget; a non-private run is the same plan without noise
+    step       ONE jitted, sharded function: [task's batch transform] -> clipped per-example
+               gradients -> accumulate -> (last call of a logical batch) one Gaussian draw ->
+               optax (`DPAggregator.update`); state donated, compiled ahead of time
+    loop       sampler -> each host loads only its rows -> global arrays -> step; metrics,
+               eval, orbax checkpoints, SIGTERM / Ctrl-C, a stop on non-finite parameters
+    end        privacy_report.json (`dpbert.report`), WORKDIR/hf (the task's export)
+
+A task (`Task` below) is a small object: its data, its per-example loss, its eval, its export.
+Pretraining is `dpbert.tasks.pretraining`; fine-tuning tasks plug in the same way.
+
+Randomness: initialisation, masking and dropout derive from config.seed (public); the DP noise
+key and the sampler's seed are secret, kept only in checkpoints, so a resumed run is bitwise the
+run it would have been (CPU) and nobody who reads config.json, a log or the export can predict
+the noise or the batches. Only aggregates over whole batches are logged, never per-example
+values; throughput comes from public quantities (the expected batch size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import math
+import os
+import pathlib
+import signal
+import time
+from typing import Any, Callable, Protocol
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from data_pipelines import datasets, fileio
+from dpbert import checkpointing
+from dpbert import metrics as metrics_lib
+from dpbert import optimizers
+from dpbert import report as report_lib
+from dpbert import sharding
+from dpbert.dp import plan as plan_lib
+from dpbert.dp import randomness
+from dpbert.errors import ConfigError
+
+PyTree = Any
+CONFIG_FILE = "config.json"
+RUN_FILE = "run.json"  # what an export needs: the task, model architecture, vocab, ...
+REPORT_FILE = "privacy_report.json"
+LOCK_FILE = ".lock"
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the jitted step reads and writes (a pytree; checkpointed by orbax).
+
+    params: pure nested dict of float32 arrays (`nnx.to_pure_dict` of the model state).
+    opt_state: the optax state.
+    dp: `dpbert.dp.DPState` (accumulator, counters, dropout key, SECRET noise key).
+    """
+
+    params: PyTree
+    opt_state: PyTree
+    dp: Any
+
+
+@dataclasses.dataclass
+class TaskData:
+    """What `Task.prepare` returns. Datasets have `num_examples`, `metadata` (with
+    `content_sha256`, and `unit_multiplicity` when known) and
+    `get_batch(indices int64 [n], *, step) -> dict of arrays [n, ...]`."""
+
+    train: Any
+    eval: Any | None
+    vocab_report: dict | None = None
+    vocab_origin: str = "file"  # "built" here from the corpus, "file" or "checkpoint"
+    max_seq_length: int | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTransform:
+    """A change of the batch inside the jitted step (dχ privatization): `operand` is a pytree
+    placed on every device; `train(operand, batch, step, micro_step)` and
+    `eval(operand, batch, index)` return the batch the loss sees."""
+
+    operand: Any
+    train: Callable[..., dict]
+    eval: Callable[..., dict]
+
+
+class Task(Protocol):
+    """One kind of training run on this loop (see `dpbert.tasks.pretraining`)."""
+
+    name: str
+
+    def validate(self, config: ml_collections.ConfigDict) -> None: ...
+    def prepare(self, config, workdir: pathlib.Path) -> TaskData: ...
+    def build_model(self, config, data: TaskData) -> nnx.Module: ...
+    def trainable(self, config) -> Any: ...  # a dpbert.dp.trees.TrainableFilter
+    def loss(self, graphdef, config, shape: str) -> Callable: ...  # clipping.LOSS_SHAPES
+    def batch_transform(self, config, model, data: TaskData) -> BatchTransform | None: ...
+    def eval_step(self, graphdef, config) -> Callable: ...  # (params, batch, mask) -> pytree
+    def eval_metrics(self, outputs: list) -> dict[str, float]: ...  # host, from eval_step's
+    def train_metrics(self, sums: dict) -> dict[str, float]: ...  # host, batch totals
+    def run_info(self, config, model, data: TaskData) -> dict: ...  # into run.json
+    def export(self, params, run: dict, out: pathlib.Path, report: dict | None): ...
+
+
+def is_primary() -> bool:
+    return jax.process_index() == 0
+
+
+def sync(what: str) -> None:
+    """All processes wait for process 0 (which wrote `what` to the shared workdir)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+        multihost_utils.sync_global_devices(f"dpbert:{what}")
+
+
+def write_json(path: pathlib.Path, obj: Any) -> None:
+    """Atomically (temp file + rename), on process 0 only."""
+    if is_primary():
+        fileio.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True,
+                                                  default=str) + "\n")
+
+
+def validate(task: Task, config: ml_collections.ConfigDict) -> None:
+    """The loop's own checks, the plan's and the task's; one ConfigError per problem."""
+    for field in ("num_steps", "log_every"):
+        if not config.train[field] > 0:
+            raise ConfigError(f"config.train.{field}={config.train[field]!r}: must be > 0")
+    if not config.train.eval_every >= 0:
+        raise ConfigError(f"config.train.eval_every={config.train.eval_every!r}: must be >= 0")
+    if not config.checkpoint.every_steps >= 0:
+        raise ConfigError(f"config.checkpoint.every_steps={config.checkpoint.every_steps!r}: "
+                          "must be >= 0")
+    plan_lib.validate(config.dp, config.batch)
+    task.validate(config)
+
+
+class _Stop:
+    """SIGTERM (preemption) or Ctrl-C sets a flag; the loop saves a checkpoint and exits."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. some test runners)
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        logging.warning("%s received: saving a checkpoint at the end of this step",
+                        signal.Signals(signum).name)
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+
+
+class _Lock:
+    """One run per workdir: a second process is refused while the first holds the lock (the
+    OS releases it when the holder dies, so a killed run leaves nothing stale)."""
+
+    def __init__(self, workdir: pathlib.Path):
+        self.path = workdir / LOCK_FILE
+        self._file = None
+
+    def __enter__(self):
+        if not is_primary():
+            return self
+        self._file = open(self.path, "a")  # noqa: SIM115
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._file.close()
+            raise ConfigError(f"{self.path.parent}: another dpbert process is running in this "
+                              "workdir (it holds .lock); wait for it or use another --workdir")
+        return self
+
+    def __exit__(self, *exc):
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+
+
+def _announce(message: str) -> None:
+    """A progress line for the stages before the first step (they can take a minute)."""
+    logging.info(message)
+    if is_primary():
+        print(message, flush=True)
+
+
+def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+        devices: list[jax.Device] | None = None) -> dict:
+    """Trains (or resumes) `task` as `config` says in `workdir`; returns the final privacy
+    report (also written to WORKDIR/privacy_report.json). `devices` restricts the mesh."""
+    validate(task, config)
+    workdir = pathlib.Path(workdir).absolute()
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        if not os.access(workdir, os.W_OK):
+            raise PermissionError("not writable")
+    except OSError as e:
+        raise ConfigError(f"--workdir={workdir}: cannot write there ({e.strerror or e})")
+    with _Lock(workdir):
+        return _run(task, config, workdir, devices)
+
+
+def _run(task: Task, config, workdir: pathlib.Path, devices) -> dict:
+    config_dict = config.to_dict()
+    signature = checkpointing.run_signature(config_dict)
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints",
+                                      max_to_keep=config.checkpoint.max_to_keep,
+                                      async_save=config.checkpoint.async_save)
+    latest, saved = ckpt.latest_intact()
+    if saved is not None:  # refuse an incompatible checkpoint before any expensive work
+        checkpointing.check_compatible(saved["signature"], signature, str(workdir))
+        secrets = None  # the run's secrets live in its checkpoint
+        sampler_seed, secret = int(saved["sampler"]["seed"]), bool(saved["secret_randomness"])
+    else:
+        secrets = randomness.for_run(config.dp.insecure_seeded_noise or not config.dp.enabled,
+                                     config.seed)
+        sampler_seed, secret = secrets.sampler_seed, secrets.secret
+
+    data = task.prepare(config, workdir)
+    data_hash = data.train.metadata.get("content_sha256")
+    if saved is not None and saved.get("data_fingerprint") != data_hash:
+        raise ConfigError(
+            f"{workdir}: the training examples differ from those the checkpoint was trained on "
+            f"(content sha256 {str(saved.get('data_fingerprint'))[:12]}... -> "
+            f"{str(data_hash)[:12]}...); privacy accounting assumes one dataset. Use a fresh "
+            "--workdir for new data.")
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    _announce("planning (sampler, noise, privacy budget) ...")
+    plan = plan_lib.make_plan(
+        config.dp, config.batch, num_steps=config.train.num_steps,
+        num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
+        sampler_seed=sampler_seed, saved_ledger=saved.get("accounting") if saved else None,
+        start_step=int(saved["step"]) if saved else 0)
+    logging.info("plan: %s", plan)
+    multiplicity = data.train.metadata.get("unit_multiplicity") or {}
+    vocab_part = report_lib.vocabulary_part(data.vocab_report, data.vocab_origin,
+                                            multiplicity.get("documents_per_example_max", 2))
+    # Written once the run is known to go ahead (a refused rerun leaves it as it was).
+    write_json(workdir / CONFIG_FILE, config_dict)
+
+    model = task.build_model(config, data)
+    write_json(workdir / RUN_FILE, {"task": task.name, **task.run_info(config, model, data)})
+    transform = task.batch_transform(config, model, data)
+    trainable = task.trainable(config)
+    graphdef, param_state = nnx.split(model)
+    params = nnx.to_pure_dict(param_state)
+    opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+    opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
+    optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)
+    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape), optimizer,
+                                trainable=trainable,
+                                noise_draw_sharding=sharding.spread_over_devices(mesh))
+    param_sh = sharding.pure_param_shardings(model, mesh)
+    rep = sharding.replicated(mesh)
+    # The secret noise key is an argument (not a constant baked into the program); on resume
+    # the restored state brings its own.
+    noise_key = secrets.noise_key_array() if secrets is not None else np.zeros(2, np.uint32)
+    init = lambda p, k: TrainState(p, optimizer.init(p),  # noqa: E731
+                                   updater.init(p, config.seed, k))
+    abstract = jax.eval_shape(init, params, noise_key)
+    state_sh = TrainState(param_sh, sharding.opt_state_shardings(abstract.opt_state, params,
+                                                                 param_sh, mesh),
+                          updater.state_sharding(param_sh, rep))
+    state = jax.jit(init, out_shardings=state_sh)(params, noise_key)
+    del model, param_state, params, noise_key
+
+    start_step = 0
+    if latest is not None:
+        state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
+        plan.sampler.load_state_dict(meta["sampler"])
+        start_step = int(meta["step"])
+        _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
+
+    b = config.batch
+    rows = sharding.host_rows(b.physical_batch_size, sharding.batch_sharding(mesh))
+    example = data.train.get_batch(np.zeros(len(rows), np.int64), step=0)
+    abstract_batch = {k: jax.ShapeDtypeStruct((b.physical_batch_size, *v.shape[1:]), v.dtype,
+                                              sharding=sharding.batch_sharding(mesh, v.ndim))
+                      for k, v in example.items()}
+    abstract_mask = jax.ShapeDtypeStruct((b.physical_batch_size,), jnp.bool_,
+                                         sharding=sharding.batch_sharding(mesh))
+    operand = None if transform is None else jax.device_put(transform.operand, rep)
+
+    def step_fn(state: TrainState, batch, mask, operand):
+        if transform is not None:
+            batch = transform.train(operand, batch, state.dp.step, state.dp.micro_step)
+        params, opt_state, dp_state, sums = updater.update(state.dp, state.params,
+                                                           state.opt_state, batch, mask)
+        # Non-finite parameters stop the run before they are saved or exported.
+        sums["params_finite"] = jnp.all(jnp.stack(
+            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])).astype(jnp.int32)
+        return TrainState(params, opt_state, dp_state), sums
+
+    _announce("compiling the train step ...")
+    t0 = time.time()
+    compiled = jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)).lower(
+        checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand).compile()
+    _log_memory("train step", compiled, time.time() - t0)
+    eval_step = task.eval_step(graphdef, config)
+
+    def eval_fn(params, batch, mask, operand, index):
+        if transform is not None:
+            batch = transform.eval(operand, batch, index)
+        return eval_step(params, batch, mask)
+
+    evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data.eval, config, mesh,
+                          operand)
+    return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
+                  start_step, signature, secret, vocab_part, rows, mesh)
+
+
+@dataclasses.dataclass
+class Evaluator:
+    """Task metrics over (a prefix of) the held-out split, in fixed batches with a mask."""
+
+    task: Task
+    fn: Callable
+    dataset: Any
+    config: ml_collections.ConfigDict
+    mesh: Any
+    operand: Any
+
+    def __call__(self, params) -> dict[str, float]:
+        if self.dataset is None:
+            return {}
+        size = self.config.train.eval_batch_size
+        n_dev = jax.device_count()
+        size = max(size - size % n_dev, n_dev)
+        n = self.dataset.num_examples
+        num_batches = math.ceil(n / size)
+        if self.config.train.eval_batches:
+            num_batches = min(num_batches, self.config.train.eval_batches)
+        rows = sharding.host_rows(size, sharding.batch_sharding(self.mesh))
+        outputs = []
+        for i in range(num_batches):
+            idx = np.arange(i * size, (i + 1) * size)
+            mask = idx < n
+            local = self.dataset.get_batch(np.where(mask, idx, 0)[rows], step=0)
+            batch = sharding.make_global_batch(local, self.mesh, size)
+            m = sharding.make_global_batch({"m": mask[rows]}, self.mesh, size)["m"]
+            outputs.append(jax.device_get(self.fn(params, batch, m, self.operand, i)))
+        return {f"eval/{k}": v for k, v in self.task.eval_metrics(outputs).items()}
+
+
+def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
+           start_step, signature, secret, vocab_part, rows, mesh) -> dict:
+    b = config.batch
+    sampler = plan.sampler
+
+    def load(call: int):
+        indices, mask = sampler.batch(call)
+        local = data.train.get_batch(indices[rows], step=call // plan.calls_per_batch)
+        return local, mask[rows]
+
+    def report_at(step_now: int, by_budget: bool = False) -> dict:
+        training = None
+        if plan.ledger is not None:
+            training = report_lib.training_part(
+                plan.ledger, step_now - plan.ledger.closed_steps, clip_norm=config.dp.clip_norm,
+                privacy_unit=config.dp.privacy_unit, secret=secret,
+                target_epsilon=config.dp.target_epsilon, stopped_by_budget=by_budget)
+        return report_lib.run_report(
+            training, vocab_part, privacy_unit=config.dp.privacy_unit,
+            max_seq_length=data.max_seq_length,
+            multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now)
+
+    saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
+        "content_sha256"), plan=plan, sampler=sampler, report_at=report_at)
+    writer = metrics_lib.MetricWriter(workdir)
+    initial_eval = {}
+    if data.eval is not None and start_step == 0 and config.train.eval_every:
+        # The untrained model's held-out numbers, so the log shows what training changed.
+        initial_eval = evaluate(state.params)
+        writer.write(0, initial_eval)
+    progress = metrics_lib.Progress(plan.num_steps, start_step)
+    step, totals, t_last, steps_since = start_step, None, time.time(), 0
+    batches = datasets.prefetch(load, start_step * plan.calls_per_batch,
+                                plan.num_steps * plan.calls_per_batch,
+                                buffer_size=max(1, config.data.get("prefetch", 2)))
+
+    def check_finite():
+        if totals is not None and int(totals["params_finite"]) < steps_since * \
+                plan.calls_per_batch:
+            saver.close()
+            raise FloatingPointError(
+                f"the parameters became non-finite (NaN or inf) between steps {step - steps_since}"
+                f" and {step}; stopping without saving or exporting them. The newest checkpoint "
+                f"(step {ckpt.latest_step()}) is intact. Lower config.optimizer.learning_rate or "
+                "check the data and config.")
+
+    with _Stop() as stop:
+        try:
+            while step < plan.num_steps:
+                for _ in range(plan.calls_per_batch):
+                    local, local_mask = next(batches)
+                    batch = sharding.make_global_batch(local, mesh, b.physical_batch_size)
+                    mask = sharding.make_global_batch({"m": local_mask}, mesh,
+                                                      b.physical_batch_size)["m"]
+                    state, sums = compiled(state, batch, mask, operand)
+                    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+                sampler.call = (step + 1) * plan.calls_per_batch
+                step += 1
+                steps_since += 1
+                saving = (config.checkpoint.every_steps and
+                          step % config.checkpoint.every_steps == 0) or stop.signal
+                if step % config.train.log_every == 0 or step == plan.num_steps or saving:
+                    totals = jax.device_get(totals)
+                    check_finite()
+                    dt = time.time() - t_last
+                    scalars = {f"train/{k}": v for k, v in task.train_metrics(totals).items()}
+                    scalars["train/num_nonfinite"] = float(totals["num_nonfinite"])
+                    scalars["perf/step_time"] = dt / steps_since
+                    scalars["perf/examples_per_sec"] = steps_since * b.expected_batch_size / dt
+                    if data.max_seq_length:
+                        scalars["perf/tokens_per_sec"] = (scalars["perf/examples_per_sec"]
+                                                          * data.max_seq_length)
+                    if plan.ledger is not None:
+                        scalars["privacy/epsilon"] = plan.ledger.progress_epsilon(
+                            step - plan.ledger.closed_steps)
+                    writer.write(step, scalars)
+                    progress.report(step, scalars)
+                    totals, t_last, steps_since = None, time.time(), 0
+                if data.eval is not None and config.train.eval_every and \
+                        step % config.train.eval_every == 0 and step < plan.num_steps:
+                    writer.write(step, evaluate(state.params))
+                if saving:
+                    saver.save(step, state)
+                if stop.signal:
+                    logging.warning("stopped by %s: checkpoint saved at step %d; rerun the same "
+                                    "command to resume", signal.Signals(stop.signal).name, step)
+                    saver.close()
+                    raise SystemExit(143 if stop.signal == signal.SIGTERM else 130)
+        finally:
+            del batches  # stops the reader thread
+    by_budget = plan.max_steps_by_budget is not None and \
+        step == plan.max_steps_by_budget < config.train.num_steps
+    if by_budget:
+        logging.warning("stopped at step %d of %d: one more step would exceed "
+                        "dp.target_epsilon=%s", step, config.train.num_steps,
+                        config.dp.target_epsilon)
+    final_eval = evaluate(state.params)
+    if final_eval:
+        writer.write(step, final_eval)
+    saver.save(step, state, by_budget)
+    report = saver.close()
+    writer.close()
+    if config.train.export_hf and is_primary():
+        run_info = json.loads((workdir / RUN_FILE).read_text())
+        task.export(jax.device_get(state.params), run_info, workdir / "hf", report)
+    if is_primary():
+        print(_summary_line(step, report, initial_eval, final_eval, by_budget), flush=True)
+    return report
+
+
+class _Saver:
+    """Checkpoints + the report: privacy_report.json is written only for a step whose
+    checkpoint is complete, so the report is never newer than the newest checkpoint."""
+
+    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, plan, sampler,
+                 report_at):
+        self.ckpt, self.workdir, self.plan, self.sampler = ckpt, workdir, plan, sampler
+        self.report_at = report_at
+        self.fixed = {"signature": signature, "secret_randomness": secret,
+                      "data_fingerprint": data_hash}
+        self.pending: tuple[int, dict] | None = None
+
+    def save(self, step: int, state, by_budget: bool = False) -> None:
+        self._flush()
+        report = self.report_at(step, by_budget)
+        if step not in self.ckpt.all_steps():  # the periodic save may have written it
+            # The checkpoint is private: the sampler's secret seed, and in `state` the secret
+            # noise key and the un-noised accumulator.
+            ledger = self.plan.ledger
+            self.ckpt.save(step, state, {
+                "step": step, **self.fixed, "sampler": self.sampler.state_dict(),
+                "accounting": (ledger.to_json(step - ledger.closed_steps)
+                               if ledger is not None else None),
+                "privacy_report": report})
+        self.pending = (step, report)
+
+    def _flush(self) -> dict | None:
+        """Writes the pending report once its checkpoint is complete."""
+        if self.pending is None:
+            return None
+        self.ckpt.wait()
+        step, report = self.pending
+        self.pending = None
+        if self.ckpt.latest_step() != step:
+            raise OSError(f"the checkpoint of step {step} was not written (disk full?); "
+                          f"privacy_report.json stays at the newest intact checkpoint "
+                          f"(step {self.ckpt.latest_step()})")
+        write_json(self.workdir / REPORT_FILE, report)
+        return report
+
+    def close(self) -> dict | None:
+        report = self._flush()
+        self.ckpt.close()
+        return report
+
+
+def _summary_line(step: int, report: dict, initial: dict, final: dict, by_budget: bool) -> str:
+    parts = [f"done: {step} steps"]
+    shown = [k for k in final if k.endswith(("accuracy", "f1"))][:1]
+    for key in shown:
+        name = key.split("/", 1)[-1].replace("_", " ")
+        parts.append(f"held-out {name} {initial[key]:.3f} -> {final[key]:.3f}"
+                     if key in initial else f"held-out {name} {final[key]:.3f}")
+    if report.get("dp"):
+        t = report["training"]
+        parts.append(f"training epsilon = {t['epsilon']:.4f} at delta = {t['delta']:g} "
+                     f"({t['accountant']}, {t['sampling']} sampling)")
+        if by_budget:
+            parts.append("stopped by the privacy budget")
+        parts.append(report["headline"])
+    else:
+        parts.append("no differential privacy (dp.enabled=False)")
+    return " | ".join(parts)
+
+
+def _log_memory(name: str, compiled, seconds: float) -> None:
+    try:
+        mem = compiled.memory_analysis()
+    except Exception:  # some backends do not implement it
+        mem = None
+    if mem is None:
+        _announce(f"{name} compiled in {seconds:.0f} s")
+        return
+    mib = lambda x: f"{x / 2**20:.1f} MiB"  # noqa: E731
+    _announce(f"{name} compiled in {seconds:.0f} s: arguments {mib(mem.argument_size_in_bytes)}, "
+              f"temporaries {mib(mem.temp_size_in_bytes)}")
+
+
+def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
+                        step: int | None = None) -> pathlib.Path:
+    """Exports a saved step (default: the newest) of a training workdir with its task's export
+    and that step's privacy report."""
+    from dpbert import tasks  # noqa: PLC0415
+
+    workdir = pathlib.Path(workdir)
+    run_file = workdir / RUN_FILE
+    if not run_file.is_file():
+        raise FileNotFoundError(f"{run_file}: missing; is {workdir} a dpbert training workdir?")
+    run_info = json.loads(run_file.read_text())
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    steps = ckpt.all_steps()
+    if not steps:
+        raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoint to export")
+    if step is None:
+        step = max(steps)
+    elif step not in steps:
+        raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
+    params, meta = ckpt.restore_params(step)
+    ckpt.close()
+    task = tasks.get_task(run_info.get("task", "pretraining"))
+    out = pathlib.Path(out)
+    task.export(params, run_info, out, meta.get("privacy_report"))
+    return out

@@ -1,0 +1,272 @@
+"""BERT pretraining (MLM + NSP) as a task on the DP loop: `train_and_evaluate(config, workdir)`.
+
+    vocab   config.vocab.file, the init_from_hf folder's vocab.txt, or a DP WordPiece
+            vocabulary built from the training corpus into WORKDIR/vocab
+    data    `data_pipelines.pretraining.build_datasets` (a synthetic corpus is first written
+            to WORKDIR/data as a NOTEEVENTS-schema CSV, read like real MIMIC-III notes)
+    model   a size preset, or a Hugging Face BERT folder (init_from_hf)
+    loss    per-example MLM (a registered target: vanilla / prob / denoising) + NSP; the
+            factored view of the tied word embedding for the ghost clipper
+    dχ      privacy-adaptive pretraining: every example privatized on the devices inside the
+            step, φ (the word embedding) frozen
+    export  `BertForPreTraining` in Hugging Face format with the privacy card
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import logging
+from flax import nnx
+
+from data_pipelines import fileio
+from data_pipelines import tokenization
+from dpbert import dchi, hf, loop, losses
+from dpbert import metrics as metrics_lib
+from dpbert import model as model_lib
+from dpbert.dp import clipping, trees
+from dpbert.errors import ConfigError
+
+_DCHI_STREAM = 0x0D1  # key domain of dχ privatization (apart from the DP engine's streams)
+_EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never reaches
+
+
+def _need(config, cond: bool, field: str, why: str) -> None:
+    if not cond:
+        value = config
+        for part in field.split("."):
+            value = value.get(part) if hasattr(value, "get") else None
+        raise ConfigError(f"config.{field}={value!r}: {why}")
+
+
+class PretrainingTask:
+    name = "pretraining"
+
+    def validate(self, config: ml_collections.ConfigDict) -> None:
+        if config.data.corpus in ("text", "noteevents"):
+            what = ("a MIMIC-III NOTEEVENTS.csv(.gz) file (credentialed PhysioNet data, "
+                    "download it yourself)" if config.data.corpus == "noteevents" else
+                    "text files (one sentence per line, blank line between documents)")
+            _need(config, len(config.data.paths) > 0, "data.paths", f"is empty: give {what}")
+            for path in config.data.paths:
+                if not os.path.isfile(os.path.expanduser(path)):
+                    raise ConfigError(
+                        f"config.data.paths: {path!r} does not exist (expected {what})")
+        if config.dchi.mechanism != "none":
+            _need(config, bool(config.model.init_from_hf), "model.init_from_hf",
+                  "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")
+        _need(config, config.model.size in model_lib.PRESETS or bool(config.model.init_from_hf),
+              "model.size", f"must be one of {sorted(model_lib.PRESETS)}")
+        _need(config, config.mlm_target in losses.mlm_target_names(), "mlm_target",
+              f"must be one of {losses.mlm_target_names()}")
+        _need(config, config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
+              f"must be one of {dchi.MECHANISMS}")
+        _need(config, config.dchi.eta > 0, "dchi.eta", "must be > 0")
+        _need(config, config.model.max_position_embeddings >= config.data.max_seq_length,
+              "model.max_position_embeddings",
+              f"must be >= data.max_seq_length ({config.data.max_seq_length})")
+
+    # ---------------------------------------------------------------------------- data
+
+    def prepare(self, config, workdir: pathlib.Path) -> loop.TaskData:
+        from data_pipelines import pretraining  # noqa: PLC0415
+
+        data_config = prepare_corpus(config, workdir)
+        vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
+        train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file)
+        return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
+                             max_seq_length=data_config.max_seq_length,
+                             extra={"vocab_file": vocab_file,
+                                    "do_lower_case": data_config.do_lower_case})
+
+    # --------------------------------------------------------------------------- model
+
+    def build_model(self, config, data: loop.TaskData) -> model_lib.BertForPreTraining:
+        return build_model(config, len(tokenization.load_vocab(data.extra["vocab_file"])))
+
+    def trainable(self, config):
+        # dχ: the user-side word embedding (and the decoder tied to it) is frozen.
+        return (trees.freeze_paths_containing("word_embeddings")
+                if config.dchi.mechanism != "none" else None)
+
+    def loss(self, graphdef, config, shape: str):
+        frozen = config.dchi.mechanism != "none"
+        kw = dict(deterministic=False, mlm_target=config.mlm_target,
+                  frozen_word_embedding=frozen)
+        if shape == "factored":
+            return losses.make_factored_pretraining_loss(graphdef, **kw)
+        loss_fn = losses.make_pretraining_loss(graphdef, **kw)
+        return clipping.batch_loss(loss_fn) if shape == "batch" else loss_fn
+
+    def batch_transform(self, config, model, data) -> loop.BatchTransform | None:
+        """dχ: a fresh privatization of every example each time it is seen (key unique to the
+        logical step and call, the example's to its position); held-out text privatized as
+        users would privatize theirs (fixed keys per eval batch, a stream apart)."""
+        d = config.dchi
+        if d.mechanism == "none":
+            return None
+        # φ is the starting model's word-embedding table, copied now; it stays frozen, so the
+        # privacy level that η stands for cannot drift.
+        privatizer = dchi.Privatizer.from_model(
+            model, data.extra["vocab_file"], eta=float(d.eta), mechanism=d.mechanism,
+            mlm_target=config.mlm_target, prob_samples=d.prob_samples, chunk_size=d.chunk_size)
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), _DCHI_STREAM)
+        eval_key = jax.random.fold_in(key, _EVAL_STREAM)
+        return loop.BatchTransform(
+            privatizer,
+            train=lambda p, batch, step, micro: dchi.privatize_batch(
+                p, batch, dchi.batch_key(key, step, micro)),
+            eval=lambda p, batch, index: dchi.privatize_batch(
+                p, batch, dchi.batch_key(eval_key, index)))
+
+    # ---------------------------------------------------------------------------- eval
+
+    def eval_step(self, graphdef, config):
+        loss_fn = losses.make_pretraining_loss(graphdef, deterministic=True,
+                                               mlm_target=config.mlm_target)
+
+        def step(params, batch, mask):
+            keys = jnp.zeros((mask.shape[0], 2), jnp.uint32)
+            _, m = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, batch, keys)
+            w = mask.astype(jnp.float32)
+            return jax.tree.map(lambda x: jnp.sum(x * w), m)
+
+        return step
+
+    def eval_metrics(self, outputs: list) -> dict[str, float]:
+        return metrics_lib.summarize(jax.tree.map(lambda *x: sum(x), *outputs))
+
+    def train_metrics(self, sums: dict) -> dict[str, float]:
+        return metrics_lib.summarize(sums)
+
+    # -------------------------------------------------------------------------- export
+
+    def run_info(self, config, model, data: loop.TaskData) -> dict:
+        return {"model_config": dataclasses.asdict(model.config),
+                "vocab_file": data.extra["vocab_file"],
+                "do_lower_case": data.extra["do_lower_case"],
+                "max_seq_length": data.max_seq_length,
+                "init_from_hf": config.model.init_from_hf or None}
+
+    def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
+        config = model_lib.BertConfig(**run["model_config"])
+        graphdef, _ = nnx.split(nnx.eval_shape(
+            lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0))))
+        return hf.save_pretrained(nnx.merge(graphdef, params), out, run["vocab_file"],
+                                  do_lower_case=run["do_lower_case"],
+                                  model_max_length=run["max_seq_length"],
+                                  privacy_report=report, source=run.get("init_from_hf"))
+
+
+TASK = PretrainingTask()
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
+                       devices: list[jax.Device] | None = None) -> dict:
+    """Pretrains (or resumes) as `config` says in `workdir`; returns the privacy report."""
+    return loop.run(TASK, config, workdir, devices=devices)
+
+
+# ------------------------------------------------------------------------------- stages
+
+
+def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
+                   ) -> ml_collections.ConfigDict:
+    """The data config to build from. A synthetic corpus is first written to the workdir as a
+    NOTEEVENTS-schema CSV, so the demo exercises the same reader as real MIMIC-III notes."""
+    data = ml_collections.ConfigDict(config.data.to_dict())
+    if data.corpus == "synthetic":
+        from data_pipelines import synthetic_notes  # noqa: PLC0415
+
+        path = workdir / "data" / (f"synthetic_notes_{data.synthetic_num_notes}_"
+                                   f"{data.synthetic_seed}.csv.gz")
+        if not path.exists() and loop.is_primary():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with fileio.atomic_path(path) as tmp:
+                synthetic_notes.write_noteevents_csv(
+                    tmp, synthetic_notes.generate_synthetic(data.synthetic_num_notes,
+                                                            seed=data.synthetic_seed))
+        loop.sync("synthetic corpus")
+        data.corpus = "noteevents"
+        data.paths = (str(path),)
+    if not data.cache_dir:
+        data.cache_dir = str(workdir / "data" / "instances")
+    return data
+
+
+def _vocab_report(vocab_file: pathlib.Path) -> dict | None:
+    report = vocab_file.parent / hf.VOCAB_REPORT
+    return json.loads(report.read_text()) if report.is_file() else None
+
+
+def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.ConfigDict,
+                  workdir: pathlib.Path) -> tuple[str, dict | None, str]:
+    """(vocab.txt path, the vocabulary's privacy report or None, where it came from: "file",
+    "checkpoint" or "built"). A vocab_privacy.json beside the vocab.txt (dpbert's exports carry
+    it) is the vocabulary's report: its cost enters the run's total."""
+    if config.vocab.file:
+        path = pathlib.Path(config.vocab.file)
+        if not path.is_file():
+            raise ConfigError(f"config.vocab.file={config.vocab.file!r}: file not found")
+        return str(path), _vocab_report(path), "file"
+    if config.model.init_from_hf:
+        path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
+        if not path.is_file():
+            raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
+                              "vocab.txt; set config.vocab.file")
+        return str(path), _vocab_report(path), "checkpoint"
+    out = workdir / "vocab"
+    if not (out / "vocab.txt").is_file():
+        if data.corpus not in ("text", "noteevents"):
+            raise ConfigError(
+                f"config.vocab.file is empty and data.corpus={data.corpus!r}: a vocabulary can be "
+                "built here only from a text or noteevents corpus; build one with "
+                "launch/build_vocab.py and set config.vocab.file")
+        if len(data.paths) != 1:
+            raise ConfigError(f"config.data.paths={tuple(data.paths)!r}: building the vocabulary "
+                              "here needs exactly one corpus file; use launch/build_vocab.py")
+        if loop.is_primary():
+            from data_pipelines import dp_vocab  # noqa: PLC0415
+
+            v = config.vocab
+            print(f"building the {'DP' if v.dp else 'non-private'} WordPiece vocabulary (size "
+                  f"{v.size}) from {data.paths[0]} ...", flush=True)
+            dp_vocab.build_vocab(
+                data.paths[0], data.corpus, v.size, v.epsilon if v.dp else None,
+                v.delta if v.dp else None, v.max_words_per_example, out, dp=v.dp,
+                do_lower_case=data.do_lower_case, seed=v.seed, progress=False)
+        loop.sync("vocabulary")
+    return str(out / "vocab.txt"), _vocab_report(out / "vocab.txt"), "built"
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int
+                ) -> model_lib.BertForPreTraining:
+    m = config.model
+    if m.init_from_hf:
+        model, model_config = hf.load_pretrained(m.init_from_hf, dtype=m.dtype, seed=config.seed)
+        if model_config.vocab_size != vocab_size:
+            raise ConfigError(
+                f"config.model.init_from_hf={m.init_from_hf!r} has vocab_size "
+                f"{model_config.vocab_size} but the vocabulary has {vocab_size} tokens")
+        if model_config.max_position_embeddings < config.data.max_seq_length:
+            raise ConfigError(f"config.data.max_seq_length={config.data.max_seq_length} exceeds "
+                              f"the checkpoint's max_position_embeddings "
+                              f"{model_config.max_position_embeddings}")
+        # Dropout follows the experiment config, not the checkpoint's config.json.
+        cfg = model.config.replace(hidden_dropout_prob=m.hidden_dropout_prob,
+                                   attention_probs_dropout_prob=m.attention_probs_dropout_prob)
+        fresh = nnx.eval_shape(lambda: model_lib.BertForPreTraining(cfg, rngs=nnx.Rngs(0)))
+        nnx.update(fresh, nnx.state(model, nnx.Param))
+        return fresh
+    cfg = model_lib.BertConfig.preset(
+        m.size, vocab_size, dtype=m.dtype, hidden_dropout_prob=m.hidden_dropout_prob,
+        attention_probs_dropout_prob=m.attention_probs_dropout_prob,
+        max_position_embeddings=m.max_position_embeddings)
+    logging.info("model: BERT %s, vocabulary %d", m.size, vocab_size)
+    return model_lib.create_model(cfg, seed=config.seed)
