@@ -87,13 +87,13 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def latest_intact(self) -> tuple[int | None, dict[str, Any] | None]:
+    def latest_intact(self, skip: Iterable[int] = ()) -> tuple[int | None, dict[str, Any] | None]:
         """(step, meta) of the newest checkpoint whose meta reads back, or (None, None).
 
-        A checkpoint cut short (a kill during a save that orbax had not finalised, a truncated
-        file) is skipped with a warning naming it, so the run resumes from the one before.
+        A checkpoint cut short (a truncated file) is skipped with a warning naming it, so the
+        run resumes from the one before; `skip` names steps already found damaged.
         """
-        for step in sorted(self.all_steps(), reverse=True):
+        for step in sorted(set(self.all_steps()) - set(skip), reverse=True):
             try:
                 return step, self.read_meta(step)
             except Exception as e:  # orbax raises several types for a damaged step

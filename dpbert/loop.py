@@ -115,7 +115,8 @@ class Task(Protocol):
     def eval_metrics(self, outputs: list) -> dict[str, float]: ...  # host, from eval_step's
     def train_metrics(self, sums: dict) -> dict[str, float]: ...  # host, batch totals
     def run_info(self, config, model, data: TaskData) -> dict: ...  # into run.json
-    def export(self, params, run: dict, out: pathlib.Path, report: dict | None): ...
+    def export(self, params, run: dict, workdir: pathlib.Path, out: pathlib.Path,
+               report: dict | None): ...
 
 
 def is_primary() -> bool:
@@ -221,16 +222,29 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
     except OSError as e:
         raise ConfigError(f"--workdir={workdir}: cannot write there ({e.strerror or e})")
     with _Lock(workdir):
-        return _run(task, config, workdir, devices)
+        damaged: set[int] = set()
+        while True:
+            try:
+                return _run(task, config, workdir, devices, damaged)
+            except _DamagedCheckpoint as e:  # resume from the one before, say which
+                logging.warning("checkpoint step %d is damaged (%s); resuming from the newest "
+                                "intact one before it", e.step, e.reason)
+                damaged.add(e.step)
 
 
-def _run(task: Task, config, workdir: pathlib.Path, devices) -> dict:
+class _DamagedCheckpoint(Exception):
+    def __init__(self, step: int, reason: str):
+        super().__init__(step, reason)
+        self.step, self.reason = step, reason
+
+
+def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) -> dict:
     config_dict = config.to_dict()
     signature = checkpointing.run_signature(config_dict)
     ckpt = checkpointing.Checkpointer(workdir / "checkpoints",
                                       max_to_keep=config.checkpoint.max_to_keep,
                                       async_save=config.checkpoint.async_save)
-    latest, saved = ckpt.latest_intact()
+    latest, saved = ckpt.latest_intact(skip=damaged)
     if saved is not None:  # refuse an incompatible checkpoint before any expensive work
         checkpointing.check_compatible(saved["signature"], signature, str(workdir))
         secrets = None  # the run's secrets live in its checkpoint
@@ -263,7 +277,8 @@ def _run(task: Task, config, workdir: pathlib.Path, devices) -> dict:
     write_json(workdir / CONFIG_FILE, config_dict)
 
     model = task.build_model(config, data)
-    write_json(workdir / RUN_FILE, {"task": task.name, **task.run_info(config, model, data)})
+    run_info = {"task": task.name, **task.run_info(config, model, data)}
+    write_json(workdir / RUN_FILE, run_info)
     transform = task.batch_transform(config, model, data)
     trainable = task.trainable(config)
     graphdef, param_state = nnx.split(model)
@@ -290,7 +305,11 @@ def _run(task: Task, config, workdir: pathlib.Path, devices) -> dict:
 
     start_step = 0
     if latest is not None:
-        state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
+        try:
+            state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
+        except Exception as e:  # orbax raises several types for truncated or missing files
+            ckpt.close()
+            raise _DamagedCheckpoint(latest, f"{type(e).__name__}: {str(e)[:200]}") from e
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
         _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
@@ -330,7 +349,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices) -> dict:
     evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data.eval, config, mesh,
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
-                  start_step, signature, secret, vocab_part, rows, mesh)
+                  start_step, signature, secret, vocab_part, rows, mesh, run_info)
 
 
 @dataclasses.dataclass
@@ -367,7 +386,7 @@ class Evaluator:
 
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
-           start_step, signature, secret, vocab_part, rows, mesh) -> dict:
+           start_step, signature, secret, vocab_part, rows, mesh, run_info) -> dict:
     b = config.batch
     sampler = plan.sampler
 
@@ -389,7 +408,8 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now)
 
     saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
-        "content_sha256"), plan=plan, sampler=sampler, report_at=report_at)
+        "content_sha256"), run_hash=run_info_hash(run_info), plan=plan, sampler=sampler,
+        report_at=report_at)
     writer = metrics_lib.MetricWriter(workdir)
     initial_eval = {}
     if data.eval is not None and start_step == 0 and config.train.eval_every:
@@ -469,8 +489,7 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
     report = saver.close()
     writer.close()
     if config.train.export_hf and is_primary():
-        run_info = json.loads((workdir / RUN_FILE).read_text())
-        task.export(jax.device_get(state.params), run_info, workdir / "hf", report)
+        task.export(jax.device_get(state.params), run_info, workdir, workdir / "hf", report)
     if is_primary():
         print(_summary_line(step, report, initial_eval, final_eval, by_budget), flush=True)
     return report
@@ -480,12 +499,12 @@ class _Saver:
     """Checkpoints + the report: privacy_report.json is written only for a step whose
     checkpoint is complete, so the report is never newer than the newest checkpoint."""
 
-    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, plan, sampler,
+    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, run_hash, plan, sampler,
                  report_at):
         self.ckpt, self.workdir, self.plan, self.sampler = ckpt, workdir, plan, sampler
         self.report_at = report_at
         self.fixed = {"signature": signature, "secret_randomness": secret,
-                      "data_fingerprint": data_hash}
+                      "data_fingerprint": data_hash, "run_sha256": run_hash}
         self.pending: tuple[int, dict] | None = None
 
     def save(self, step: int, state, by_budget: bool = False) -> None:
@@ -554,6 +573,14 @@ def _log_memory(name: str, compiled, seconds: float) -> None:
               f"temporaries {mib(mem.temp_size_in_bytes)}")
 
 
+def run_info_hash(run_info: dict) -> str:
+    """sha256 of run.json's content (stored in every checkpoint, checked on export)."""
+    import hashlib  # noqa: PLC0415
+
+    blob = json.dumps(run_info, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
 def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
                         step: int | None = None) -> pathlib.Path:
     """Exports a saved step (default: the newest) of a training workdir with its task's export
@@ -575,7 +602,11 @@ def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
         raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
     params, meta = ckpt.restore_params(step)
     ckpt.close()
+    if meta.get("run_sha256") not in (None, run_info_hash(run_info)):
+        raise ConfigError(f"{run_file} does not match the checkpoint of step {step} (it was "
+                          "rewritten by another run, or copied from another workdir); refusing "
+                          "to export with it")
     task = tasks.get_task(run_info.get("task", "pretraining"))
     out = pathlib.Path(out)
-    task.export(params, run_info, out, meta.get("privacy_report"))
+    task.export(params, run_info, workdir, out, meta.get("privacy_report"))
     return out

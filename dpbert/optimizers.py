@@ -21,6 +21,8 @@ with DP the per-example clipping in `dpbert.dp` is the only clipping.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import jax
@@ -51,8 +53,8 @@ def _get(config: Any, name: str) -> Any:
 
 def _number(config: Any, name: str, *, minimum: float, strict: bool = False) -> float:
     value = _get(config, name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"optimizer config {name}={value!r} must be a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"optimizer config {name}={value!r} must be a finite number")
     if value < minimum or (strict and value == minimum):
         raise ValueError(f"optimizer config {name}={value!r} must be "
                          f"{'>' if strict else '>='} {minimum}")

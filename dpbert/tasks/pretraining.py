@@ -25,8 +25,7 @@ import ml_collections
 from absl import logging
 from flax import nnx
 
-from data_pipelines import fileio
-from data_pipelines import tokenization
+from data_pipelines import fileio, tokenization
 from dpbert import dchi, hf, loop, losses
 from dpbert import metrics as metrics_lib
 from dpbert import model as model_lib
@@ -79,6 +78,7 @@ class PretrainingTask:
 
         data_config = prepare_corpus(config, workdir)
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
+        vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file)
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
                              max_seq_length=data_config.max_seq_length,
@@ -148,17 +148,25 @@ class PretrainingTask:
     # -------------------------------------------------------------------------- export
 
     def run_info(self, config, model, data: loop.TaskData) -> dict:
+        vocab = pathlib.Path(data.extra["vocab_file"])
         return {"model_config": dataclasses.asdict(model.config),
-                "vocab_file": data.extra["vocab_file"],
+                # Relative to the workdir (which may move), checked by hash on export.
+                "vocab_file": str(vocab.relative_to(vocab.parent.parent)),
+                "vocab_sha256": tokenization.vocab_fingerprint(vocab),
                 "do_lower_case": data.extra["do_lower_case"],
                 "max_seq_length": data.max_seq_length,
                 "init_from_hf": config.model.init_from_hf or None}
 
-    def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
+    def export(self, params, run: dict, workdir: pathlib.Path, out: pathlib.Path,
+               report: dict | None):
+        vocab = workdir / run["vocab_file"]
+        if not vocab.is_file() or tokenization.vocab_fingerprint(vocab) != run["vocab_sha256"]:
+            raise ConfigError(f"{vocab}: missing or not the vocabulary this run trained with "
+                              "(its sha256 differs from run.json's); refusing to export")
         config = model_lib.BertConfig(**run["model_config"])
         graphdef, _ = nnx.split(nnx.eval_shape(
             lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0))))
-        return hf.save_pretrained(nnx.merge(graphdef, params), out, run["vocab_file"],
+        return hf.save_pretrained(nnx.merge(graphdef, params), out, vocab,
                                   do_lower_case=run["do_lower_case"],
                                   model_max_length=run["max_seq_length"],
                                   privacy_report=report, source=run.get("init_from_hf"))
@@ -198,6 +206,28 @@ def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
     if not data.cache_dir:
         data.cache_dir = str(workdir / "data" / "instances")
     return data
+
+
+def keep_vocab_in_workdir(vocab_file: str, workdir: pathlib.Path) -> str:
+    """The run's vocabulary always lives in WORKDIR/vocab (built there, or copied there with
+    its vocab_privacy.json), so a moved workdir exports with the right one; on resume a
+    configured vocabulary that differs from it is refused."""
+    source, kept = pathlib.Path(vocab_file), workdir / "vocab" / "vocab.txt"
+    if source.resolve() == kept.resolve():
+        return str(kept)
+    if kept.is_file():
+        if tokenization.vocab_fingerprint(source) != tokenization.vocab_fingerprint(kept):
+            raise ConfigError(f"{source}: differs from the vocabulary this run started with "
+                              f"({kept}); use the same vocabulary or a fresh --workdir")
+        return str(kept)
+    if loop.is_primary():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        report = source.parent / hf.VOCAB_REPORT
+        if report.is_file():
+            fileio.atomic_write_text(kept.parent / hf.VOCAB_REPORT, report.read_text())
+        fileio.atomic_write_text(kept, source.read_text(encoding="utf-8"))
+    loop.sync("vocabulary copy")
+    return str(kept)
 
 
 def _vocab_report(vocab_file: pathlib.Path) -> dict | None:
