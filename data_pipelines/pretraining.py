@@ -751,13 +751,18 @@ def default_data_config() -> ml_collections.ConfigDict:
     # Forms: H = generic word, S = secret word piece drawn from the vocab.
     c.canaries.forms = ("HS", "HSH", "HHSHH")
     # Each canary is planted this many times; one (or per_setting) canary per (form, count).
-    c.canaries.repetitions = (1, 10, 100)
+    # 0 makes reference canaries that are never planted (the exposure floor).
+    c.canaries.repetitions = (0, 1, 10, 100)
     c.canaries.per_setting = 1
     # Seed of the secrets and of the planting positions.
     c.canaries.seed = 0
     # Where to write the canary JSON record ("" = canaries.json in the cache entry; one of the
     # two is required).
     c.canaries.output_file = ""
+    # Plant exactly the canaries of this canary file (data_pipelines.canaries format, same
+    # vocab), each by its own placement and repetitions, instead of generating them from forms /
+    # repetitions / per_setting ("" = generate). Privacy audits plant their examples this way.
+    c.canaries.file = ""
     # Batches prepared ahead of the trainer by background threads.
     c.prefetch = 2
     return c
@@ -806,6 +811,8 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
     if cfg.canaries.enabled and not (cfg.cache_dir or cfg.canaries.output_file):
         raise ValueError("data.canaries.enabled=True needs data.canaries.output_file or "
                          "data.cache_dir (where the canary record is written)")
+    if cfg.canaries.enabled and cfg.canaries.file and not os.path.isfile(cfg.canaries.file):
+        raise FileNotFoundError(f"data.canaries.file={cfg.canaries.file!r}: file not found")
 
 
 def _file_identity(path: str) -> dict[str, Any]:
@@ -923,6 +930,9 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> s
     }
     if payload["canaries"]:
         payload["canaries"].pop("output_file", None)
+        if payload["canaries"].get("file"):
+            with open(payload["canaries"]["file"], "rb") as f:
+                payload["canaries"]["file"] = hashlib.sha256(f.read()).hexdigest()
     blob = json.dumps(payload, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
 
@@ -961,15 +971,23 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
     if cfg.canaries.enabled:
         from data_pipelines import canaries  # noqa: PLC0415
 
-        canary_list = canaries.make_canaries(
-            tok, forms=cfg.canaries.forms, repetitions=cfg.canaries.repetitions,
-            canaries_per_setting=cfg.canaries.per_setting, seed=cfg.canaries.seed)
+        if cfg.canaries.file:
+            canary_list, record = canaries.load_canary_file(cfg.canaries.file)
+            if record["vocab_fingerprint"] != tokenization.vocab_fingerprint(tok.vocab_file):
+                raise ValueError(f"data.canaries.file={cfg.canaries.file!r} was made for another "
+                                 f"vocabulary ({record.get('vocab_file')})")
+        else:
+            canary_list = canaries.make_canaries(
+                tok, forms=cfg.canaries.forms, repetitions=cfg.canaries.repetitions,
+                canaries_per_setting=cfg.canaries.per_setting, seed=cfg.canaries.seed)
         train_corpus = canaries.insert_canaries(train_corpus, canary_list,
                                                 seed=cfg.canaries.seed)
     params = InstanceParams(max_seq_length=cfg.max_seq_length,
                             short_seq_prob=cfg.short_seq_prob,
                             dupe_factor=cfg.dupe_factor, seed=cfg.seed)
     train = create_instances(train_corpus, params)
+    if canary_list:
+        train = canaries.append_canary_examples(train, canary_list)
     eval_instances = None
     if eval_corpus.num_documents:
         eval_instances = create_instances(
