@@ -44,6 +44,9 @@ from data_pipelines import pretraining, tokenization
 
 FORMS = ("HS", "HSH", "HHSHH")
 PLACEMENTS = ("sentence", "example")
+# Form of the one-run privacy audit's canaries (dpbert.audit): random word-piece sequences whose
+# inclusion is the audit's secret; exposure reports leave them out.
+AUDIT_FORM = "audit"
 CANARY_FILE_VERSION = 1
 
 # Generic words for the H positions: frequent, content-free English words. Only those that the
