@@ -226,7 +226,8 @@ def membership_scores(graphdef: Any, params: Any, canaries: Sequence[canaries_li
     seq_len = exposure.scoring_length(canaries, max_positions)
     if score == "secret":
         lp = exposure.masked_log_probs(graphdef, params,
-                                       exposure.canary_inputs(canaries, special, seq_len))
+                                       exposure.canary_inputs(canaries, special, seq_len),
+                                       batch_size=256)
         return lp[np.arange(len(canaries)), [c.secret_id for c in canaries]].astype(np.float64)
     rows = [c for c in canaries for _ in c.token_ids]
     targets = [j for c in canaries for j in range(len(c.token_ids))]

@@ -31,6 +31,7 @@ Library: ``exposure_from_rank``, ``secret_rank``, ``extrapolated_exposure`` (pur
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -42,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from scipy import stats
+from scipy import special, stats
 
 from data_pipelines import canaries as canaries_lib
 from data_pipelines import tokenization
@@ -88,7 +89,7 @@ def null_exposure_mean(num_candidates: int) -> float:
 def extrapolated_exposure(losses: np.ndarray, secret_index: int) -> float:
     """Carlini et al. Sec. 4.3: -log2 F(loss of s), F the skew-normal fitted (MLE) to the losses
     of the other candidates. Larger than log2|R| when the secret's loss is far in the lower
-    tail; +inf if F underflows even in log space.
+    tail.
 
     Args:
       losses: [|R|] per-candidate losses -log p(r) (any common shift is fine).
@@ -99,8 +100,27 @@ def extrapolated_exposure(losses: np.ndarray, secret_index: int) -> float:
     if len(others) < 3 or np.ptp(others) == 0:
         raise ValueError("the skew-normal fit needs at least 3 distinct candidate losses")
     a, loc, scale = stats.skewnorm.fit(others)
-    log_cdf = float(stats.skewnorm.logcdf(losses[secret_index], a, loc, scale))
+    z = (losses[secret_index] - loc) / scale
+    log_cdf = float(stats.skewnorm.logcdf(z, a))
+    if not math.isfinite(log_cdf) and z < 0:
+        log_cdf = skewnorm_log_tail(z, a)
     return -log_cdf / LN2
+
+
+def skewnorm_log_tail(z: float, a: float, points: int = 2001) -> float:
+    """log F(z) of the standard skew-normal deep in its left tail (z << 0), where scipy's
+    logcdf underflows to -inf: F(z) = 2 ∫_{-∞}^z φ(t) Φ(a t) dt, integrated in log space
+    (trapezoid over the last 60 e-folds of the integrand below z; ~1e-4 absolute accuracy)."""
+    if z >= 0:
+        raise ValueError(f"the tail formula is for z < 0, got {z}")
+    # The integrand decays like exp(-(1 + max(a, 0)^2) |z| u) at t = z - u.
+    width = 60.0 / (abs(z) * (1.0 + max(a, 0.0) ** 2))
+    t = z - np.linspace(0.0, width, points)
+    log_f = stats.norm.logpdf(t) + stats.norm.logcdf(a * t)
+    h = width / (points - 1)
+    weights = np.full(points, h)
+    weights[[0, -1]] = h / 2
+    return float(LN2 + special.logsumexp(log_f, b=weights))
 
 
 def check_candidates(candidate_ids: np.ndarray, special: tokenization.SpecialTokenIds,
@@ -229,6 +249,17 @@ def load_workdir_model(workdir: str | os.PathLike, step: int | None = None) -> L
     return LoadedModel(graphdef, params, config, int(step), meta, run)
 
 
+@functools.lru_cache(maxsize=8)
+def _scorer(graphdef: Any):
+    """The jitted scoring function of one model architecture (compiled once per shape)."""
+    @jax.jit
+    def score(p, ids, seg, mask, pos):
+        model = nnx.merge(graphdef, p)
+        out = model(ids, seg, mask, pos, deterministic=True)
+        return jax.nn.log_softmax(out.mlm_logits[:, 0].astype(jnp.float32), axis=-1)
+    return score
+
+
 def masked_log_probs(graphdef: Any, params: Any, inputs: dict[str, np.ndarray], *,
                      batch_size: int = SCORE_BATCH) -> np.ndarray:
     """log softmax of the MLM logits at each row's position (no dropout).
@@ -238,12 +269,7 @@ def masked_log_probs(graphdef: Any, params: Any, inputs: dict[str, np.ndarray], 
     Returns:
       float32 [K, V].
     """
-    @jax.jit
-    def score(p, ids, seg, mask, pos):
-        model = nnx.merge(graphdef, p)
-        out = model(ids, seg, mask, pos, deterministic=True)
-        return jax.nn.log_softmax(out.mlm_logits[:, 0].astype(jnp.float32), axis=-1)
-
+    score = _scorer(graphdef)
     k = len(inputs["input_ids"])
     out = []
     for start in range(0, k, batch_size):
