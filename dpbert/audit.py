@@ -292,9 +292,10 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
     if audit_file.is_file():
         audit_canaries, record = canaries_lib.load_canary_file(audit_file)
         included = np.asarray(record["included"], bool)
-        if len(audit_canaries) != m:
-            raise ValueError(f"{audit_file} holds {len(audit_canaries)} canaries, not m={m}; "
-                             f"use a fresh output folder")
+        if (len(audit_canaries) != m or any(len(a.token_ids) != length for a in audit_canaries)
+                or record["vocab_fingerprint"] != tokenization.vocab_fingerprint(vocab_file)):
+            raise ValueError(f"{audit_file} holds an audit with other canaries (m, length or "
+                             f"vocabulary differ); use a fresh output folder")
     else:
         rng = np.random.default_rng(np.random.SeedSequence())  # OS entropy, never recorded
         audit_canaries = make_audit_canaries(tok, m, length, rng)

@@ -414,6 +414,7 @@ def plot(runs: Sequence[dict[str, Any]], path: str | os.PathLike) -> pathlib.Pat
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     styles = ["-", "--", ":", "-."]
     markers = ["o", "s", "^", "D"]
+    all_reps: set[int] = set()
     for j, res in enumerate(runs):
         run = res["run"]
         color = "black" if run["dp"] else "tab:red"
@@ -424,13 +425,19 @@ def plot(runs: Sequence[dict[str, Any]], path: str | os.PathLike) -> pathlib.Pat
             pts = sorted((s["repetitions"], s["exposure_mean"], s["exposure_sd"])
                          for s in res["summary"] if s["form"] == form)
             x, y, e = (np.asarray(v, np.float64) for v in zip(*pts))
-            ax.errorbar(x, y, yerr=e, color=color, ls=styles[j % 4], marker=markers[k % 4],
-                        capsize=3, label=f"{res.get('label', run['workdir'])}: {form}, {eps}")
+            all_reps.update(int(r) for r in x)
+            shift = 0.04 * (k + len(forms) * j)  # side by side, not on top of each other
+            ax.errorbar(np.where(x > 0, x * (1 + shift), shift), y, yerr=e, color=color,
+                        ls=styles[j % 4], marker=markers[k % 4], capsize=3,
+                        label=f"{res.get('label', run['workdir'])}: {form}, {eps}")
         ax.axhline(run["floor_theory"], color="grey", lw=0.8, ls="--")
     ax.set_xscale("symlog", linthresh=1)
-    ax.set_xlabel("number of secret occurrences (0 = never planted)")
-    ax.set_ylabel("exposure (bits)")
-    ax.set_title("Secret-sharer exposure (grey: un-memorized floor ≈ 1/ln 2)")
+    ticks = sorted(all_reps)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlim(-0.3, max(ticks + [1]) * 2)
+    ax.set_xlabel("number of secret occurrences (0 = never-planted reference canaries)")
+    ax.set_ylabel("exposure (bits), mean ± sd")
+    ax.set_title("Secret-sharer exposure (grey: un-memorized floor ≈ 1/ln 2 bits)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = pathlib.Path(path)

@@ -10,6 +10,7 @@ repetitions 0 (never-planted reference canaries) to measure the floor. Writes DI
 """
 
 import json
+import logging as std_logging
 import os
 import pathlib
 
@@ -32,6 +33,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from dpbert import exposure  # noqa: PLC0415 - --help stays instant
+
+    std_logging.getLogger("absl").addFilter(  # orbax's restore chatter
+        lambda r: r.levelno >= std_logging.WARNING or "/orbax/" not in r.pathname)
 
     workdirs = [_WORKDIR.value, *_COMPARE.value]
     labels = list(_LABELS.value) or [pathlib.Path(w).name for w in workdirs]
