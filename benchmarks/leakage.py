@@ -58,7 +58,7 @@ def make_config(vocab_file: str, dp: bool):
     c.dp.overflow_probability = 1e-3
     c.train.num_steps = _STEPS.value
     c.train.log_every = _STEPS.value
-    c.train.eval_every = 0
+    c.train.eval_every = _STEPS.value  # the untrained model's and the final held-out numbers
     c.train.eval_batches = 0
     c.optimizer.learning_rate = 5e-3
     c.optimizer.warmup_steps = 10
@@ -136,23 +136,28 @@ def main(argv):
     band = 4 * 1.44 / math.sqrt(k)
     text = f"""## Leakage: exposure and one-run audit
 
-`PYTHONPATH=. python benchmarks/leakage.py --steps={_STEPS.value} --epsilon={_EPSILON.value} --write` on
-{platform.machine()}, {os.cpu_count()} CPU cores, JAX {jax.__version__} on 1 x cpu, load average
-{os.getloadavg()[0]:.1f} at the end. Tiny BERT, {_NOTES.value} synthetic notes (seq 32), a fixed
-{n_r}-candidate word vocabulary, {_STEPS.value} steps of batch 16 for both runs (DP: Poisson,
-σ calibrated to ε = {_EPSILON.value} at δ = 1e-6, C = 1); {_PER_SETTING.value} canaries per
-(form, repetitions) for each of HS, HSH, HHSHH, so {3 * _PER_SETTING.value} per column;
-m = {_M.value} audit canaries (8 random pieces, pseudo-log-likelihood score, 95 %).
+`PYTHONPATH=. python benchmarks/leakage.py --steps={_STEPS.value} --epsilon={_EPSILON.value} --write`
+on {platform.machine()}, {os.cpu_count()} CPU cores, JAX {jax.__version__} on 1 x cpu, load
+average {os.getloadavg()[0]:.1f} at the end. Tiny BERT, {_NOTES.value} synthetic notes (seq 32),
+a fixed word vocabulary with |R| = {n_r} secret candidates, {_STEPS.value} steps of batch 16 for
+both runs (DP: Poisson sampling, σ calibrated to ε = {_EPSILON.value} at δ = 1e-6, C = 1);
+{_PER_SETTING.value} canaries per (form, repetitions) for each of HS, HSH, HHSHH, so
+{3 * _PER_SETTING.value} per column; m = {_M.value} one-run audit canaries (8 random pieces,
+pseudo-log-likelihood score, 95 % confidence).
 
-| run | claimed ε | held-out MLM acc. | exposure n=0 (floor {floor:.2f}) | n=1 | n=10 | n=100 | audit ε ≥ (correct/guesses) | s |
+| run | claimed ε | held-out MLM acc. | exposure n=0 (floor {floor:.2f}) | n=1 | n=10 | n=100 | audit: ε ≥ (correct/guesses) | s |
 |---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Non-DP exposure rises with repetitions: Spearman ρ = {rho.statistic:.2f} (p = {rho.pvalue:.1e}).
-DP at n = 100: mean {expo(d, 100).mean():.2f}, within the floor's noise band
-{floor:.2f} ± {band:.2f} (4·1.44/√{k}): {abs(expo(d, 100).mean() - floor) < band}; below non-DP:
-Mann-Whitney p = {mw.pvalue:.1e}. The audit's bound for the DP run does not exceed its claimed ε:
-{results['DP']['consistent']}. ![exposure](docs/exposure_dp_vs_nondp.png)
+* Non-DP exposure rises with the repetitions: Spearman ρ = {rho.statistic:.2f}
+  (p = {rho.pvalue:.1e}).
+* DP at n = 100: {expo(d, 100).mean():.2f} bits, within the floor's noise band
+  {floor:.2f} ± {band:.2f} (4·1.44/√{k}): {abs(expo(d, 100).mean() - floor) < band}; below non-DP:
+  Mann-Whitney p = {mw.pvalue:.1e}.
+* The audit's lower bound of the DP run does not exceed its claimed ε:
+  {results['DP']['consistent']}.
+
+![exposure vs repetitions](docs/exposure_dp_vs_nondp.png)
 """
     print(text)
     if _WRITE.value:

@@ -15,7 +15,8 @@ Never-planted reference canaries (repetitions 0) measure that floor on the train
 
 The exact exposure cannot exceed log2 |R|; Carlini et al. Sec. 4.3 extrapolate beyond it by
 fitting a skew-normal to the candidates' losses ``-log p(r)``, r != s, and reading the secret's
-loss off the fitted CDF: ``exposure_extrapolated = -log2 F(-log p(s))`` (scipy's MLE fit).
+loss off the fitted CDF: ``exposure_extrapolated = -log2 F(-log p(s))`` (scipy's MLE fit;
+deep in the tail, where scipy's logcdf underflows, F is integrated in log space).
 Restricting the softmax to R shifts every loss by the same constant, which changes neither the
 ranks nor the extrapolation.
 

@@ -33,8 +33,7 @@ def main(argv):
 
     from dpbert import audit, train  # noqa: PLC0415
 
-    std_logging.getLogger("absl").addFilter(
-        lambda r: r.levelno >= std_logging.WARNING or "/orbax/" not in r.pathname)
+    std_logging.getLogger("absl").addFilter(_quiet_libraries)  # as launch/train.py
     devices = jax.devices()[:_NUM_DEVICES.value] if _NUM_DEVICES.value else None
     try:
         res = audit.run_audit(_CONFIG.value, _OUT.value, m=_M.value, length=_LENGTH.value,
@@ -48,6 +47,11 @@ def main(argv):
           f"guesses correct, m = {res['m']}); claimed epsilon {claimed}"
           + ("" if res["consistent"] else "  <-- EXCEEDS THE CLAIM: a privacy bug?"))
     print(f"wrote {_OUT.value}/results.json")
+
+
+def _quiet_libraries(record: std_logging.LogRecord) -> bool:
+    noisy = ("/orbax/", "/jax/", "/jaxlib/")
+    return record.levelno >= std_logging.WARNING or not any(n in record.pathname for n in noisy)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from dpbert import exposure  # noqa: PLC0415 - --help stays instant
 
-    std_logging.getLogger("absl").addFilter(  # orbax's restore chatter
-        lambda r: r.levelno >= std_logging.WARNING or "/orbax/" not in r.pathname)
+    std_logging.getLogger("absl").addFilter(  # orbax's and jax's chatter
+        lambda r: r.levelno >= std_logging.WARNING
+        or not any(n in r.pathname for n in ("/orbax/", "/jax/", "/jaxlib/")))
 
     workdirs = [_WORKDIR.value, *_COMPARE.value]
     labels = list(_LABELS.value) or [pathlib.Path(w).name for w in workdirs]

@@ -191,3 +191,38 @@ def test_workdir_exposure_pipeline(tmp_path, notes_vocab):
     (workdir / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="planted no canaries"):
         exposure.evaluate_workdir(workdir)
+
+
+def test_the_canary_record_is_found_from_the_workdir(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    cache = tmp_path / "cache"
+    config = demo_dp.get_config()
+    config.data.canaries.enabled = True
+    config.data.cache_dir = str(cache)
+
+    def write(c):
+        (workdir / "config.json").write_text(json.dumps(c.to_dict(), default=str))
+
+    write(config)
+    for entry in ("aaa", "bbb"):
+        (cache / entry).mkdir(parents=True)
+        (cache / entry / "canaries.json").write_text("{}")
+    # The entry of the checkpoint's data fingerprint.
+    assert exposure.find_canary_file(workdir, "bbb") == cache / "bbb" / "canaries.json"
+    with pytest.raises(FileNotFoundError, match="found 2"):
+        exposure.find_canary_file(workdir, None)
+    (cache / "aaa" / "canaries.json").unlink()
+    assert exposure.find_canary_file(workdir, None) == cache / "bbb" / "canaries.json"
+    # data.canaries.output_file wins.
+    config.data.canaries.output_file = str(tmp_path / "out.json")
+    (tmp_path / "out.json").write_text("{}")
+    write(config)
+    assert exposure.find_canary_file(workdir, "bbb") == tmp_path / "out.json"
+    # The trainer's default cache is WORKDIR/data/instances.
+    config.data.canaries.output_file = ""
+    config.data.cache_dir = ""
+    write(config)
+    (workdir / "data" / "instances" / "ccc").mkdir(parents=True)
+    (workdir / "data" / "instances" / "ccc" / "canaries.json").write_text("{}")
+    assert exposure.find_canary_file(workdir, "ccc").parent.name == "ccc"
