@@ -301,11 +301,15 @@ def find_canary_file(workdir: str | os.PathLike, data_fingerprint: str | None = 
                      ) -> pathlib.Path:
     """The canary record of a training run, from its config.json.
 
-    Looked for, in order: ``data.canaries.output_file``; the instance-cache entry of the run's
-    data (``data.cache_dir`` or the trainer's default WORKDIR/data/instances, entry named by the
-    checkpoint's data fingerprint); the only ``*/canaries.json`` in that cache.
+    Looked for, in order: WORKDIR/canaries.json (a copy the trainer may keep with the run);
+    ``data.canaries.output_file``; the instance-cache entry of the run's data
+    (``data.cache_dir`` or the trainer's default WORKDIR/data/instances, entry named by the
+    checkpoint's data fingerprint); the only ``*/canaries.json`` in that cache. The caller
+    checks the record's data fingerprint against the checkpoint's.
     """
     workdir = pathlib.Path(workdir)
+    if (workdir / "canaries.json").is_file():
+        return workdir / "canaries.json"
     cfg_file = workdir / "config.json"
     if not cfg_file.is_file():
         raise FileNotFoundError(f"{cfg_file}: missing; is {workdir} a dpbert training workdir?")

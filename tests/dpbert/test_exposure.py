@@ -139,7 +139,7 @@ def fake_workdir(tmp_path, vocab_file, bias=20.0):
     config.data.cache_dir = str(tmp_path / "cache")
     (workdir / "checkpoints").mkdir(parents=True)
     (workdir / "config.json").write_text(json.dumps(config.to_dict(), default=str))
-    cs = canaries.make_canaries(tok, repetitions=(0, 10, 100), canaries_per_setting=4, seed=1)
+    cs = canaries.make_canaries(tok, repetitions=(0, 10, 100), canaries_per_setting=2, seed=1)
     canaries.write_canary_file(tmp_path / "cache" / "f1ng3r" / "canaries.json", cs, tok, seed=1,
                                extra={"data_fingerprint": "f1ng3r"})
     mconf = model_lib.BertConfig.preset("tiny", tok.vocab_size, max_position_embeddings=16)
@@ -176,7 +176,7 @@ def test_workdir_exposure_pipeline(tmp_path, notes_vocab):
     assert memorized["exposure"] == pytest.approx(math.log2(n_r))
     assert memorized["exposure_extrapolated"] > math.log2(n_r)
     summary = {(s["form"], s["repetitions"]): s for s in res["summary"]}
-    assert len(summary) == 9 and all(s["n"] == 4 for s in summary.values())
+    assert len(summary) == 9 and all(s["n"] == 2 for s in summary.values())
     others = [r["exposure"] for r in rows.values() if r is not memorized]
     assert max(others) < math.log2(n_r) - 1
     assert exposure.plot([{**res, "label": "x"}], tmp_path / "e.png").stat().st_size > 1000
@@ -226,3 +226,6 @@ def test_the_canary_record_is_found_from_the_workdir(tmp_path):
     (workdir / "data" / "instances" / "ccc").mkdir(parents=True)
     (workdir / "data" / "instances" / "ccc" / "canaries.json").write_text("{}")
     assert exposure.find_canary_file(workdir, "ccc").parent.name == "ccc"
+    # A copy kept in the workdir comes first.
+    (workdir / "canaries.json").write_text("{}")
+    assert exposure.find_canary_file(workdir, "ccc") == workdir / "canaries.json"
