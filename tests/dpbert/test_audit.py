@@ -9,7 +9,6 @@ import pytest
 
 from data_pipelines import canaries, tokenization
 from dpbert import audit
-from tests.data_pipelines.conftest import notes_vocab  # noqa: F401 - a fixture
 from tests.dpbert.test_exposure import random_params
 
 
@@ -124,7 +123,8 @@ def test_audit_canaries_and_membership_score(notes_vocab):
         assert c.secret_id == c.token_ids[3] and c.tokens == tok.convert_ids_to_tokens(
             c.token_ids)
     # The pseudo-log-likelihood is the mean, over pieces, of log p(piece | it alone masked).
-    from dpbert import exposure, model as model_lib
+    from dpbert import exposure  # noqa: PLC0415
+    from dpbert import model as model_lib  # noqa: PLC0415
     config = model_lib.BertConfig.preset("tiny", tok.vocab_size, max_position_embeddings=16)
     graphdef, params = random_params(config, seed=5)
     few = cs[:3]

@@ -15,7 +15,6 @@ from configs import demo_dp
 from data_pipelines import canaries, tokenization
 from dpbert import checkpointing, exposure
 from dpbert import model as model_lib
-from tests.data_pipelines.conftest import notes_vocab  # noqa: F401 - a fixture
 
 
 def test_exposure_is_max_when_first_and_zero_when_last():
@@ -102,7 +101,7 @@ def tiny():
 
 
 def test_scoring_is_the_mlm_at_the_masked_secret(tiny):
-    config, graphdef, params = tiny
+    _, graphdef, params = tiny
     special = tokenization.SpecialTokenIds(pad=0, unk=1, cls=2, sep=3, mask=4)
     mk = lambda cid, ids, pos, placement: canaries.Canary(
         cid, "HSH", [str(i) for i in ids], ids, str(ids[pos]), ids[pos], pos, 1,
