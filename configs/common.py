@@ -238,13 +238,18 @@ def data_config() -> ml_collections.ConfigDict:
     # Forms: H = generic word, S = secret word piece drawn from the vocab.
     c.canaries.forms = ("HS", "HSH", "HHSHH")
     # Each canary is planted this many times; one (or per_setting) canary per (form, count).
-    c.canaries.repetitions = (1, 10, 100)
+    # 0 makes reference canaries that are never planted (the exposure floor).
+    c.canaries.repetitions = (0, 1, 10, 100)
     c.canaries.per_setting = 1
     # Seed of the secrets and of the planting positions.
     c.canaries.seed = 0
     # Where to write the canary JSON record ("" = canaries.json in the cache entry; one of the
     # two is required).
     c.canaries.output_file = ""
+    # Plant exactly the canaries of this canary file (data_pipelines.canaries format, same
+    # vocab), each by its own placement and repetitions, instead of generating them from forms /
+    # repetitions / per_setting ("" = generate). Privacy audits plant their examples this way.
+    c.canaries.file = ""
     # Batches prepared ahead of the trainer by background threads.
     c.prefetch = 2
     return c

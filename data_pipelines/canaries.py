@@ -4,19 +4,25 @@ A canary is a short sequence of word pieces ``H... S H...`` in one of the forms 
 ``HHSHH``: ``H`` are generic words, ``S`` is a secret word piece drawn uniformly from the
 vocabulary's candidate set ``R`` (whole-word, alphabetic pieces that the tokenizer maps to
 themselves). Each canary is planted ``repetitions`` times, as its own sentence, at positions
-drawn uniformly over the sentence slots of the training documents (seeded). After training,
+drawn uniformly over the sentence slots of the training documents (seeded); ``repetitions = 0``
+makes a reference canary, generated like the others but never planted (its exposure is the
+floor an un-memorized secret has). A canary with ``placement = "example"`` is planted instead
+as ``repetitions`` training examples of its own, appended after instance creation
+(``append_canary_examples``): each copy is then exactly one example, the DP privacy unit, and the
+rest of the data set does not depend on it (what a privacy audit needs). After training,
 the exposure of a canary is ``log2 |R| - log2 rank(S)``, where ``rank(S)`` is the rank of the
 secret among all candidates in ``R`` when the model predicts the masked secret position in the
 canary's context; everything that measurement needs is written to a JSON file:
 
   {"format_version", "seed", "vocab_fingerprint", "num_candidates", "candidate_ids",
    "candidate_rule", "canaries": [{"canary_id", "form", "text", "tokens", "token_ids",
-   "secret", "secret_id", "secret_position", "repetitions",
-   "insertions": [{"doc_index", "doc_key", "sentence_index"}]}]}
+   "secret", "secret_id", "secret_position", "repetitions", "placement",
+   "insertions": [{"doc_index", "doc_key", "sentence_index"} or {"example_index"}]}]}
 
 ``doc_index`` / ``sentence_index`` are the canary sentence's place in the training corpus that
 instance creation reads (after insertion); ``doc_key`` is the document's key in the source
-(ROW_ID for notes, stream ordinal for text corpora).
+(ROW_ID for notes, stream ordinal for text corpora). ``example_index`` is the index of an
+example-placed copy among the training examples.
 
 The insertion works on tokenized documents (``tokenized_corpus.TokenizedCorpus``), so corpora that
 do not fit in memory as text need no second pass.
@@ -35,9 +41,15 @@ from typing import Any
 import numpy as np
 
 from data_pipelines import fileio, tokenization
+from data_pipelines.documents import NO_SUBJECT
+from data_pipelines.instances import Instances
 from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")
+PLACEMENTS = ("sentence", "example")
+# Form of the one-run privacy audit's canaries (dpbert.audit): random word-piece sequences whose
+# inclusion is the audit's secret; exposure reports leave them out.
+AUDIT_FORM = "audit"
 CANARY_FILE_VERSION = 1
 
 # Generic words for the H positions: frequent, content-free English words. Only those that the
@@ -69,6 +81,8 @@ class Canary:
     secret_position: int
     repetitions: int
     insertions: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    # "sentence": a sentence of the training documents; "example": training examples of its own.
+    placement: str = "sentence"
 
     @property
     def text(self) -> str:
@@ -111,16 +125,18 @@ def make_canaries(tokenizer: tokenization.WordPieceTokenizer, *, forms: Sequence
 
     Secrets are distinct across canaries (drawn without replacement from ``secret_candidates``)
     and never one of the generic words; the H words are drawn i.i.d. from the generic words.
+    A repetition count of 0 makes reference canaries (never planted).
 
     Raises:
-      ValueError: an unknown form, a repetition count < 1, or a vocab too small.
+      ValueError: an unknown form, a repetition count < 0, or a vocab too small.
     """
     for form in forms:
         if form not in FORMS:
             raise ValueError(f"unknown canary form {form!r}; choose from {FORMS}")
     for r in repetitions:
-        if int(r) < 1:
-            raise ValueError(f"canary repetitions must be >= 1, got {r}")
+        if int(r) < 0:
+            raise ValueError(f"canary repetitions must be >= 0 (0 = a never-planted reference "
+                             f"canary), got {r}")
     if canaries_per_setting < 1:
         raise ValueError(f"canaries_per_setting must be >= 1, got {canaries_per_setting}")
     generic = generic_word_ids(tokenizer)
@@ -162,7 +178,8 @@ def make_canaries(tokenizer: tokenization.WordPieceTokenizer, *, forms: Sequence
 def insert_canaries(corpus: TokenizedCorpus, canaries: Sequence[Canary], *,
                     seed: int, doc_keys: np.ndarray | None = None,
                     ) -> TokenizedCorpus:
-    """Plants every canary ``repetitions`` times as a sentence of the training documents.
+    """Plants every sentence-placed canary ``repetitions`` times as a sentence of the training
+    documents (example-placed canaries are left to ``append_canary_examples``).
 
     Each planting picks a slot uniformly among all sentence slots of the corpus (a document with
     n sentences has n + 1 slots: before each sentence and at its end), independently (seeded).
@@ -187,6 +204,8 @@ def insert_canaries(corpus: TokenizedCorpus, canaries: Sequence[Canary], *,
     slot_ends = np.cumsum(slots)
     plantings: dict[int, list[tuple[int, float, int]]] = {}
     for c_index, canary in enumerate(canaries):
+        if canary.placement != "sentence":
+            continue
         canary.insertions = []
         draws = rng.integers(0, slot_ends[-1], size=canary.repetitions)
         ties = rng.random(canary.repetitions)  # random order among canaries sharing a slot
@@ -218,6 +237,58 @@ def insert_canaries(corpus: TokenizedCorpus, canaries: Sequence[Canary], *,
             sents = out
         builder.add_document(sents, int(corpus.subject_ids[doc]), int(corpus.doc_keys[doc]))
     return builder.build()
+
+
+def append_canary_examples(instances: Instances, canaries: Sequence[Canary]) -> Instances:
+    """Appends ``repetitions`` training examples for every example-placed canary.
+
+    A copy is the instance ``[CLS] A [SEP] B [SEP]`` with A the first ceil(n/2) pieces of the
+    canary and B the rest (``is_random_next`` False, no document: index -1, subject
+    ``NO_SUBJECT``, key -1, no corpus sentence), appended after the corpus's instances, so the corpus's own examples
+    (their indices, segmentation and masking) do not depend on which canaries are planted.
+    Fills each such canary's ``insertions`` with ``{"example_index": i}``.
+
+    Raises:
+      ValueError: a canary shorter than 2 pieces (A and B must be non-empty).
+    """
+    pieces, a_lengths = [], []
+    n = len(instances)
+    for canary in canaries:
+        if canary.placement != "example":
+            continue
+        ids = np.asarray(canary.token_ids, np.int32)
+        if len(ids) < 2:
+            raise ValueError(f"canary {canary.canary_id}: an example-placed canary needs at least "
+                             f"2 pieces, got {len(ids)}")
+        canary.insertions = []
+        for _ in range(canary.repetitions):
+            canary.insertions.append({"example_index": n + len(pieces)})
+            pieces.append(ids)
+            a_lengths.append((len(ids) + 1) // 2)
+    if not pieces:
+        return instances
+    k = len(pieces)
+    lengths = np.asarray([len(p) for p in pieces], np.int64)
+    none = np.full(k, -1, np.int64)
+    no_subject = np.full(k, NO_SUBJECT, np.int64)
+    return Instances(
+        tokens=np.concatenate([np.asarray(instances.tokens), *pieces]).astype(np.int32),
+        offsets=np.concatenate([np.asarray(instances.offsets),
+                                instances.offsets[-1] + np.cumsum(lengths)]).astype(np.int64),
+        a_lengths=np.concatenate([instances.a_lengths, a_lengths]).astype(np.int32),
+        is_random_next=np.concatenate([instances.is_random_next, np.zeros(k, bool)]),
+        doc_index=np.concatenate([instances.doc_index, none]).astype(np.int32),
+        b_doc_index=np.concatenate([instances.b_doc_index, none]).astype(np.int32),
+        subject_id=np.concatenate([instances.subject_id, no_subject]),
+        b_subject_id=np.concatenate([instances.b_subject_id, no_subject]),
+        doc_key=np.concatenate([instances.doc_key, none]),
+        b_doc_key=np.concatenate([instances.b_doc_key, none]),
+        a_sentence_start=np.concatenate([instances.a_sentence_start, none]),
+        a_sentence_count=np.concatenate([instances.a_sentence_count,
+                                         np.zeros(k, np.int32)]).astype(np.int32),
+        b_sentence_start=np.concatenate([instances.b_sentence_start, none]),
+        b_sentence_count=np.concatenate([instances.b_sentence_count,
+                                         np.zeros(k, np.int32)]).astype(np.int32))
 
 
 def write_canary_file(path: str | os.PathLike, canaries: Sequence[Canary],
@@ -253,5 +324,17 @@ def load_canary_file(path: str | os.PathLike) -> tuple[list[Canary], dict[str, A
     for c in record["canaries"]:
         c = dict(c)
         c.pop("text", None)
-        canaries.append(Canary(**c))
+        canary = Canary(**c)
+        if canary.placement not in PLACEMENTS:
+            raise ValueError(f"{path}: canary {canary.canary_id}: placement "
+                             f"{canary.placement!r} is not one of {PLACEMENTS}")
+        if canary.repetitions < 0:
+            raise ValueError(f"{path}: canary {canary.canary_id}: repetitions "
+                             f"{canary.repetitions} < 0")
+        if not (len(canary.tokens) == len(canary.token_ids)
+                and 0 <= canary.secret_position < len(canary.token_ids)
+                and canary.token_ids[canary.secret_position] == canary.secret_id):
+            raise ValueError(f"{path}: canary {canary.canary_id}: tokens, token_ids, "
+                             f"secret_position and secret_id disagree")
+        canaries.append(canary)
     return canaries, record

@@ -316,13 +316,17 @@ def unit_multiplicities(instances: Instances, num_sentences: int, num_documents:
         return {"max": int(counts.max()) if counts.size else 0,
                 "mean": round(float(counts.sum()) / max(units, 1), 3)}
 
+    # Examples appended outside the corpus (example-placed canaries) have document -1.
+    real = np.asarray(instances.doc_index) >= 0
     delta = np.zeros(num_sentences + 1, np.int64)
     for start, count in ((instances.a_sentence_start, instances.a_sentence_count),
                          (instances.b_sentence_start, instances.b_sentence_count)):
-        np.add.at(delta, np.asarray(start), 1)
-        np.add.at(delta, np.asarray(start) + np.asarray(count), -1)
+        start, count = np.asarray(start)[real], np.asarray(count)[real]
+        np.add.at(delta, start, 1)
+        np.add.at(delta, start + count, -1)
     per_sentence = np.cumsum(delta[:-1])
-    doc_a, doc_b = np.asarray(instances.doc_index), np.asarray(instances.b_doc_index)
+    doc_a = np.asarray(instances.doc_index)[real]
+    doc_b = np.asarray(instances.b_doc_index)[real]
     other_doc = doc_b != doc_a
     per_doc = np.bincount(doc_a, minlength=num_documents) + np.bincount(
         doc_b[other_doc], minlength=num_documents)
@@ -331,7 +335,8 @@ def unit_multiplicities(instances: Instances, num_sentences: int, num_documents:
         "document": stats(per_doc, num_documents),
         "documents_per_example_max": 2 if other_doc.any() else 1,
     }
-    subj_a, subj_b = np.asarray(instances.subject_id), np.asarray(instances.b_subject_id)
+    subj_a = np.asarray(instances.subject_id)[real]
+    subj_b = np.asarray(instances.b_subject_id)[real]
     known = subj_a != NO_SUBJECT
     if known.any():
         other_subj = (subj_b != subj_a) & (subj_b != NO_SUBJECT)

@@ -80,6 +80,8 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
     if cfg.canaries.enabled and not (cfg.cache_dir or cfg.canaries.output_file):
         raise ValueError("data.canaries.enabled=True needs data.canaries.output_file or "
                          "data.cache_dir (where the canary record is written)")
+    if cfg.canaries.enabled and cfg.canaries.file and not os.path.isfile(cfg.canaries.file):
+        raise FileNotFoundError(f"data.canaries.file={cfg.canaries.file!r}: file not found")
 
 
 def _file_identity(path: str) -> dict[str, Any]:
@@ -197,6 +199,9 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> s
     }
     if payload["canaries"]:
         payload["canaries"].pop("output_file", None)
+        if payload["canaries"].get("file"):
+            with open(payload["canaries"]["file"], "rb") as f:
+                payload["canaries"]["file"] = hashlib.sha256(f.read()).hexdigest()
     blob = json.dumps(payload, sort_keys=True, default=list).encode()
     return hashlib.sha256(blob).hexdigest()[:20]
 
@@ -235,9 +240,15 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
     if cfg.canaries.enabled:
         from data_pipelines import canaries  # noqa: PLC0415
 
-        canary_list = canaries.make_canaries(
-            tok, forms=cfg.canaries.forms, repetitions=cfg.canaries.repetitions,
-            canaries_per_setting=cfg.canaries.per_setting, seed=cfg.canaries.seed)
+        if cfg.canaries.file:
+            canary_list, record = canaries.load_canary_file(cfg.canaries.file)
+            if record["vocab_fingerprint"] != tokenization.vocab_fingerprint(tok.vocab_file):
+                raise ValueError(f"data.canaries.file={cfg.canaries.file!r} was made for another "
+                                 f"vocabulary ({record.get('vocab_file')})")
+        else:
+            canary_list = canaries.make_canaries(
+                tok, forms=cfg.canaries.forms, repetitions=cfg.canaries.repetitions,
+                canaries_per_setting=cfg.canaries.per_setting, seed=cfg.canaries.seed)
         train_corpus = canaries.insert_canaries(train_corpus, canary_list,
                                                 seed=cfg.canaries.seed)
     params = InstanceParams(max_seq_length=cfg.max_seq_length,
@@ -246,6 +257,8 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
     train = create_instances(train_corpus, params)
     info["unit_multiplicity"] = unit_multiplicities(train, train_corpus.num_sentences,
                                                     train_corpus.num_documents)
+    if canary_list:
+        train = canaries.append_canary_examples(train, canary_list)
     eval_instances = None
     if eval_corpus.num_documents:
         eval_instances = create_instances(
@@ -313,7 +326,8 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
 
             def write_canaries(target: str) -> None:
                 canaries.write_canary_file(target, canary_list, tok, seed=cfg.canaries.seed,
-                                           extra={"data_fingerprint": fingerprint})
+                                           extra={"data_fingerprint": fingerprint,
+                                                  "content_sha256": meta["content_sha256"]})
 
             meta["canaries"] = len(canary_list)
             if cfg.canaries.output_file:

@@ -80,6 +80,10 @@ class PretrainingTask:
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file)
+        canary_file = train_ds.metadata.get("canary_file")
+        if canary_file and loop.is_primary():  # kept with the run, for launch/exposure.py
+            fileio.atomic_write_text(workdir / "canaries.json",
+                                     pathlib.Path(canary_file).read_text())
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
                              max_seq_length=data_config.max_seq_length,
                              extra={"vocab_file": vocab_file,

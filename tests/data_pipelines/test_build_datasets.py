@@ -127,6 +127,52 @@ def test_canaries_planted_in_training_data(tmp_path, notes_vocab):
         pretraining.build_datasets(config(canaries_enabled=True), notes_vocab)
 
 
+def test_canaries_planted_from_a_file(tmp_path, notes_vocab):
+    """data.canaries.file plants exactly the listed canaries, each by its placement."""
+    tok = tokenization.WordPieceTokenizer(notes_vocab)
+    cs = canaries.make_canaries(tok, forms=("HSH",), repetitions=(0, 2, 20), seed=9)
+    cs[1].placement = "example"
+    src = tmp_path / "plant.json"
+    canaries.write_canary_file(src, cs, tok, seed=9)
+    out = tmp_path / "record.json"
+    train, _ = pretraining.build_datasets(
+        config(canaries_enabled=True, canaries_file=str(src), canaries_output_file=str(out)),
+        notes_vocab)
+    base, _ = pretraining.build_datasets(config(), notes_vocab)
+    planted, _ = canaries.load_canary_file(out)
+    assert [c.canary_id for c in planted] == [c.canary_id for c in cs]
+    assert [len(c.insertions) for c in planted] == [0, 2, 20]
+    for ins in planted[1].insertions:
+        a, b = train.instances.segments(ins["example_index"])
+        assert a.tolist() + b.tolist() == cs[1].token_ids
+    # Example-placed canaries alone leave the corpus's examples exactly as they were and add
+    # their copies at the end (what a one-run audit needs).
+    only = tmp_path / "only.json"
+    canaries.write_canary_file(only, [cs[0], cs[1]], tok, seed=9)
+    ex, _ = pretraining.build_datasets(
+        config(canaries_enabled=True, canaries_file=str(only), canaries_output_file=str(out)),
+        notes_vocab)
+    n = base.num_examples
+    assert ex.num_examples == n + 2
+    np.testing.assert_array_equal(ex.instances.tokens[:len(base.instances.tokens)],
+                                  base.instances.tokens)
+    np.testing.assert_array_equal(ex.instances.offsets[:n + 1], base.instances.offsets)
+    batch = lambda ds: ds.get_batch(np.arange(0, n, 97), step=3)
+    for k, v in batch(base).items():
+        np.testing.assert_array_equal(batch(ex)[k], v)
+    # The file's content is part of the cache key.
+    cs[2].repetitions = 21
+    canaries.write_canary_file(src, cs, tok, seed=9)
+    again, _ = pretraining.build_datasets(
+        config(canaries_enabled=True, canaries_file=str(src), canaries_output_file=str(out),
+               cache_dir=str(tmp_path / "cache")), notes_vocab)
+    assert again.metadata["fingerprint"] != train.metadata["fingerprint"]
+    with pytest.raises(FileNotFoundError, match="data.canaries.file"):
+        pretraining.build_datasets(config(canaries_enabled=True, canaries_output_file=str(out),
+                                          canaries_file=str(tmp_path / "none.json")),
+                                   notes_vocab)
+
+
 @pytest.mark.parametrize("overrides,match", [
     (dict(corpus="wiki"), "data.corpus='wiki'"),
     (dict(max_seq_length=4), "data.max_seq_length=4"),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from data_pipelines import canaries, tokenization, tokenized_corpus
+from data_pipelines import canaries, datasets, instances, masking, tokenization, tokenized_corpus
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +53,8 @@ def test_forms_secrets_and_candidates(tok):
 def test_bad_canary_settings(tok):
     with pytest.raises(ValueError, match="unknown canary form 'SS'"):
         canaries.make_canaries(tok, forms=("SS",))
-    with pytest.raises(ValueError, match="repetitions must be >= 1"):
-        canaries.make_canaries(tok, repetitions=(0,))
+    with pytest.raises(ValueError, match="repetitions must be >= 0"):
+        canaries.make_canaries(tok, repetitions=(-1,))
     with pytest.raises(ValueError, match="fewer than"):
         canaries.make_canaries(tok, canaries_per_setting=100_000)
 
@@ -117,3 +117,77 @@ def test_canary_file_roundtrip(tmp_path, tok):
     assert record["vocab_fingerprint"] == tokenization.vocab_fingerprint(tok.vocab_file)
     assert record["note"] == "x"
     assert all(c.secret_id in record["candidate_ids"] for c in back)
+
+
+def test_reference_canaries_are_never_planted(tok):
+    corpus = small_corpus()
+    cs = canaries.make_canaries(tok, repetitions=(0, 5), canaries_per_setting=2, seed=4)
+    assert sorted(c.repetitions for c in cs) == [0] * 6 + [5] * 6
+    planted = canaries.insert_canaries(corpus, cs, seed=1)
+    assert planted.num_sentences == corpus.num_sentences + 6 * 5
+    for c in cs:
+        assert len(c.insertions) == c.repetitions
+    # Reference secrets are distinct from the planted ones (same draw without replacement).
+    assert len({c.secret_id for c in cs}) == len(cs)
+
+
+def test_example_placement_appends_whole_examples(tok):
+    corpus = small_corpus()
+    base = instances.create_instances(corpus, instances.InstanceParams(max_seq_length=64),
+                                        progress=False)
+    cs = canaries.make_canaries(tok, repetitions=(0, 1, 3), seed=5)
+    for c in cs[:6]:
+        c.placement = "example"
+    # Example-placed canaries are no sentences of the documents.
+    planted_corpus = canaries.insert_canaries(corpus, cs, seed=2)
+    assert planted_corpus.num_sentences == corpus.num_sentences + sum(
+        c.repetitions for c in cs[6:])
+    out = canaries.append_canary_examples(base, cs)
+    n = len(base)
+    assert len(out) == n + sum(c.repetitions for c in cs[:6])
+    # The corpus's own examples are untouched.
+    for i in (0, n // 2, n - 1):
+        for x, y in zip(out.segments(i), base.segments(i)):
+            np.testing.assert_array_equal(x, y)
+    for c in cs[:6]:
+        assert len(c.insertions) == c.repetitions
+        for ins in c.insertions:
+            a, b = out.segments(ins["example_index"])
+            assert a.tolist() + b.tolist() == c.token_ids
+            assert len(a) == (len(c.token_ids) + 1) // 2 and len(b) >= 1
+            assert not out.is_random_next[ins["example_index"]]
+            assert out.doc_index[ins["example_index"]] == -1
+    # They load as ordinary examples: [CLS] A [SEP] B [SEP].
+    ds = datasets.PretrainingDataset(out, masking.MaskingParams(max_seq_length=64),
+                                        special=tok.special, vocab_size=tok.vocab_size)
+    i = cs[5].insertions[0]["example_index"]
+    row = ds.get_batch(np.asarray([i]), step=0)
+    ids = row["input_ids"][0]
+    k = len(cs[5].token_ids)
+    assert ids[0] == tok.special.cls and ids[k + 2] == tok.special.sep
+    # Positions that were masked hold their original ids in masked_lm_ids.
+    restored = ids.copy()
+    w = row["masked_lm_weights"][0] > 0
+    restored[row["masked_lm_positions"][0][w]] = row["masked_lm_ids"][0][w]
+    a_len = (k + 1) // 2
+    assert restored[1:1 + a_len].tolist() + restored[2 + a_len:k + 2].tolist() == cs[5].token_ids
+
+
+def test_canary_file_checks(tmp_path, tok):
+    cs = canaries.make_canaries(tok, seed=2)
+    cs[0].placement = "example"
+    path = tmp_path / "c.json"
+    canaries.write_canary_file(path, cs, tok, seed=0)
+    back, _ = canaries.load_canary_file(path)
+    assert back[0].placement == "example" and back[1].placement == "sentence"
+    import json
+    record = json.loads(path.read_text())
+    record["canaries"][1]["placement"] = "document"
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="placement 'document'"):
+        canaries.load_canary_file(path)
+    record["canaries"][1]["placement"] = "sentence"
+    record["canaries"][1]["secret_id"] += 1
+    path.write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="disagree"):
+        canaries.load_canary_file(path)

@@ -1,0 +1,59 @@
+r"""One-run privacy audit (Steinke, Nasr & Jagielski 2023) of a training configuration.
+
+    python launch/audit.py --config=configs/demo_dp.py --out=/tmp/audit [--m=256] \
+        [--config.train.num_steps=300 ...]
+
+Draws m random canaries and, from OS entropy, which of them to train on (each with probability
+1/2); trains once (OUT/train, an ordinary training workdir; the config's own exposure canaries
+are planted too); scores every canary with the trained model; and writes OUT/results.json: an
+empirical lower bound on ε at the stated confidence next to the run's claimed ε. The inclusion
+bits and scores stay in OUT/private/ (never ship it with the model). Rerunning with the same
+--out resumes. See dpbert/audit.py for the theorem and its exact tail computation.
+"""
+
+import logging as std_logging
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
+_OUT = flags.DEFINE_string("out", None, "Output folder of the audit.")
+_M = flags.DEFINE_integer("m", 256, "Audit canaries (each included with probability 1/2).")
+_LENGTH = flags.DEFINE_integer("length", 8, "Word pieces per audit canary.")
+_SCORE = flags.DEFINE_enum("score", "pll", ["pll", "secret"], "Membership score.")
+_CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bound.")
+_NUM_DEVICES = flags.DEFINE_integer("num_devices", None, "Train on the first N devices only.")
+flags.mark_flags_as_required(["config", "out"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax  # noqa: PLC0415 - after flag parsing
+
+    from dpbert import audit  # noqa: PLC0415
+    from dpbert.errors import ConfigError  # noqa: PLC0415
+
+    std_logging.getLogger("absl").addFilter(_quiet_libraries)  # as launch/train.py
+    devices = jax.devices()[:_NUM_DEVICES.value] if _NUM_DEVICES.value else None
+    try:
+        res = audit.run_audit(_CONFIG.value, _OUT.value, m=_M.value, length=_LENGTH.value,
+                              score=_SCORE.value, confidence=_CONFIDENCE.value, devices=devices)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"audit: {e}") from None
+    claimed = (f"{res['claimed_epsilon']:.4g} at delta {res['claimed_delta']:g}" if res["dp"]
+               else "infinite (no DP)")
+    print(f"audit: epsilon >= {res['epsilon_lower_bound']:.3f} with confidence "
+          f"{res['confidence']:g} (delta {res['delta']:g}; {res['correct']}/{res['guesses']} "
+          f"guesses correct, m = {res['m']}); claimed epsilon {claimed}"
+          + ("" if res["consistent"] else "  <-- EXCEEDS THE CLAIM: a privacy bug?"))
+    print(f"wrote {_OUT.value}/results.json")
+
+
+def _quiet_libraries(record: std_logging.LogRecord) -> bool:
+    noisy = ("/orbax/", "/jax/", "/jaxlib/")
+    return record.levelno >= std_logging.WARNING or not any(n in record.pathname for n in noisy)
+
+
+if __name__ == "__main__":
+    app.run(main)
