@@ -29,6 +29,7 @@ import sys
 
 from absl import app, flags
 
+from dpbert import cli
 from dpbert.dp import accounting
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
@@ -123,4 +124,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "privacy.py")

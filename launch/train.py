@@ -9,10 +9,10 @@ multi-host run passes --coordinator_address, --num_processes and --process_id on
 Everything else lives in the library: `dpbert.train.train_and_evaluate(config, workdir)`.
 """
 
-import logging as std_logging
-
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from dpbert import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True)
@@ -31,10 +31,9 @@ def main(argv):
     from dpbert import sharding
     from dpbert import train
 
-    # Keep the console to dpbert's own progress: libraries that log through absl (orbax, jax)
-    # show WARNING and above only.
-    std_logging.getLogger("absl").addFilter(_quiet_libraries)
-
+    problem = cli.check_output_dir(_WORKDIR.value, "--workdir")
+    if problem:
+        raise SystemExit(f"train: {problem}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("JAX: %d processes, %d devices (%s)", *_devices())
     try:
@@ -42,11 +41,8 @@ def main(argv):
     except (train.ConfigError, FileNotFoundError, ValueError) as e:
         # One clear message for bad input; nothing already written is touched.
         raise SystemExit(f"train: {e}") from None
-
-
-def _quiet_libraries(record: std_logging.LogRecord) -> bool:
-    noisy = ("/orbax/", "/jax/", "/jaxlib/")
-    return record.levelno >= std_logging.WARNING or not any(n in record.pathname for n in noisy)
+    except PermissionError as e:
+        raise SystemExit(f"train: {e.filename}: permission denied ({e.strerror})") from None
 
 
 def _devices():
@@ -55,4 +51,4 @@ def _devices():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "train")
