@@ -103,6 +103,9 @@ def _text(command: str, report: dict) -> str:
                  f"effective_noise_multiplier={report['effective_noise_multiplier']:.6g}")
     if not report["proven_bound"]:
         lines.append(f"  WARNING: {report['note']}")
+    elif accounting.COARSE_GRID_NOTE in report["note"]:
+        coarse = report["note"][report["note"].index(accounting.COARSE_GRID_NOTE):]
+        lines.append(f"  NOTE: {coarse}")
     return "\n".join(lines)
 
 

@@ -37,6 +37,17 @@ takes about 1-3 s.  Measured accuracy of the default grid: the epsilon of a
 calibrated sigma re-evaluated on a 10x finer grid is at most 1 % below the
 target (tests/dpbert/dp/test_accounting.py; 7.9925 for target 8 at 1M steps in
 BENCHMARKS.md), i.e. the grid costs at most ~1 % extra noise.
+
+Bounded PLD grids.  A tiny noise multiplier (sigma = 0.01) makes the privacy loss
+span ~1/sigma^2 nats: on the default grid one step's PLD has ~1e8 points and the
+composition runs for minutes and past 4 GB.  `pld_discretization` therefore
+coarsens the grid (by powers of two, so grids stay nested) when one step's PLD
+would exceed `MAX_PLD_POINTS_SINGLE` points or the composed PLD
+`MAX_PLD_POINTS_COMPOSED` points (estimated on a coarse probe with dp_accounting's
+own truncation bounds).  A coarser pessimistic grid still gives an upper bound on
+epsilon, only a looser one; reports say so (`privacy_report`'s note).  For the
+noise multipliers of real runs (sigma >= ~0.3) the grid is the default and every
+epsilon is unchanged.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ from typing import Any
 
 import dp_accounting
 from scipy import optimize
+from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -62,6 +74,15 @@ PRIVACY_UNITS = ("example", "patient", "document")
 # dp_accounting's own default grid; reported epsilons use it so they agree with a
 # plain `PLDAccountant()` computation.
 DEFAULT_PLD_DISCRETIZATION = 1e-4
+# Grid size limits (see "Bounded PLD grids" above): a few seconds and < 1 GB per epsilon.
+MAX_PLD_POINTS_SINGLE = 500_000
+MAX_PLD_POINTS_COMPOSED = 4_000_000
+# Starts the sentence that privacy_report's note adds when the grid was coarsened.
+COARSE_GRID_NOTE = "The noise multiplier is so small"
+# Coarsest grid (nats per point) accepted; a noise multiplier that needs more is refused.
+MAX_PLD_DISCRETIZATION = 1.0
+# Points of the coarse probe PLD used to estimate the composed size.
+_PLD_PROBE_POINTS = 2_000
 # Relative tolerance of calibrated noise multipliers.
 CALIBRATION_RTOL = 1e-3
 
@@ -281,7 +302,10 @@ class AccountingSpec:
 
     def epsilon(self, steps: int, *,
                 pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
-        """Epsilon after `steps` logical steps at this spec's delta."""
+        """Epsilon after `steps` logical steps at this spec's delta (PLD: on the grid of
+        `pld_discretization(self, steps, ...)`, coarser only where the default explodes)."""
+        if self.accountant == "pld":
+            pld_discretization = pld_discretization_for(self, steps, pld_discretization)
         return _event_epsilon(self.event(steps), self.delta, self.accountant,
                               pld_discretization)
 
@@ -351,6 +375,8 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     Dense single-step PLDs are composed exactly as the accountant does.  Every
     calibrated value is re-checked with the real accountant.
     """
+    discretization = _bounded_discretization(sigma_eff, spec.q, spec.num_examples,
+                                             spec.max_batch_size, steps, discretization)
     single = _single_step_pld(sigma_eff, spec.q, spec.num_examples, spec.max_batch_size,
                               discretization)
     # Private attribute, used only to pick the faster of two equivalent paths.
@@ -363,6 +389,93 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     else:
         composed = single.self_compose(steps)
     return float(composed.get_epsilon_for_delta(spec.delta))
+
+
+def pld_discretization_for(spec: AccountingSpec, steps: int,
+                           discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
+    """The PLD grid used for `steps` steps of `spec`: `discretization`, or a coarser one
+    (x 2^k) where the default grid would explode (see "Bounded PLD grids")."""
+    return _bounded_discretization(spec.effective_noise_multiplier, spec.q, spec.num_examples,
+                                   spec.max_batch_size, steps, discretization)
+
+
+def _truncates(num_examples: int, max_batch_size: int | None) -> bool:
+    return max_batch_size is not None and max_batch_size < num_examples
+
+
+@functools.lru_cache(maxsize=256)
+def _single_step_loss_range(sigma_eff: float, q: float, num_examples: int,
+                            max_batch_size: int | None) -> float:
+    """Width (nats) of one step's privacy-loss support on dp_accounting's truncated tails:
+    the single-step PLD has about width / discretization points."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+    from scipy import stats
+
+    def width(sigma: float, prob: float, adjacency) -> float:
+        loss = plm.GaussianPrivacyLoss(sigma, sampling_prob=prob, adjacency_type=adjacency)
+        tail = loss.privacy_loss_tail()
+        return (loss.privacy_loss(tail.lower_x_truncation)
+                - loss.privacy_loss(tail.upper_x_truncation))
+
+    adj = plm.AdjacencyType
+    w = max(width(sigma_eff, q, adj.REMOVE), width(sigma_eff, q, adj.ADD) if q < 1 else 0.0)
+    if _truncates(num_examples, max_batch_size):
+        # dp_accounting mixes in a replace-one Gaussian of std sigma/2 (its conditional q).
+        p_trunc = stats.binom.sf(max_batch_size - 1, num_examples - 1, q)
+        if p_trunc > 0:
+            cond_q = min(1.0, stats.binom.sf(max_batch_size, num_examples, q)
+                         * max_batch_size / p_trunc / num_examples)
+            w = max(w, width(sigma_eff / 2, cond_q, adj.REPLACE))
+    return float(w)
+
+
+@functools.lru_cache(maxsize=256)
+def _probe_pmfs(sigma_eff: float, q: float, num_examples: int, max_batch_size: int | None,
+                discretization: float) -> tuple:
+    """Probability lists of a coarse single-step PLD (for size estimates only)."""
+    pld = (pld_lib.from_truncated_subsampled_gaussian_mechanism(
+               dataset_size=num_examples, sampling_probability=q,
+               truncated_batch_size=max_batch_size, noise_multiplier=sigma_eff,
+               value_discretization_interval=discretization)
+           if _truncates(num_examples, max_batch_size) else
+           pld_lib.from_gaussian_mechanism(standard_deviation=sigma_eff, sampling_prob=q,
+                                           value_discretization_interval=discretization))
+    out = []
+    # Private attributes, read only to estimate sizes (the epsilon never depends on them).
+    for pmf in (pld._pmf_remove, pld._pmf_add):
+        if isinstance(pmf, pld_pmf.DensePLDPmf):
+            out.append(pmf._probs)
+        else:
+            out.append(pld_common.dictionary_to_list(pmf._loss_probs)[1])
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounded_discretization(sigma_eff: float, q: float, num_examples: int,
+                            max_batch_size: int | None, steps: int,
+                            discretization: float) -> float:
+    """`discretization` x 2^k, the smallest k keeping the single-step PLD under
+    MAX_PLD_POINTS_SINGLE points and the `steps`-fold composition (dp_accounting's own
+    truncation bounds, on a coarse probe) under MAX_PLD_POINTS_COMPOSED points."""
+    width = _single_step_loss_range(sigma_eff, q, num_examples, max_batch_size)
+    needed = width / MAX_PLD_POINTS_SINGLE
+    if needed > MAX_PLD_DISCRETIZATION:
+        raise ValueError(
+            f"noise multiplier {sigma_eff:g} (effective) is too small to account: one step's "
+            f"privacy loss spans {width:.3g} nats (a PLD grid coarser than "
+            f"{MAX_PLD_DISCRETIZATION:g} nat per point would be needed); such a run has an "
+            "astronomically large epsilon, i.e. no meaningful privacy. Raise the noise "
+            "multiplier (or lower the target epsilon)")
+    if steps > 1 and width / discretization * steps > MAX_PLD_POINTS_COMPOSED:
+        probe = min(MAX_PLD_DISCRETIZATION, max(discretization, width / _PLD_PROBE_POINTS))
+        composed = 0.0
+        for probs in _probe_pmfs(sigma_eff, q, num_examples, max_batch_size, probe):
+            lo, hi = pld_common.compute_self_convolve_bounds(probs, steps, 1e-15)
+            composed = max(composed, (hi - lo) * probe)
+        needed = max(needed, composed / MAX_PLD_POINTS_COMPOSED)
+    if needed <= discretization:
+        return discretization
+    return discretization * 2.0 ** math.ceil(math.log2(needed / discretization))
 
 
 def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float,
@@ -679,6 +792,13 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
         "Poisson sampling; epsilon is an upper bound from dp_accounting "
         f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
         f"{privacy_unit}s).")) + unit_note
+    if spec.accountant == "pld" and steps:
+        grid = pld_discretization_for(spec, steps)
+        if grid > DEFAULT_PLD_DISCRETIZATION:
+            note += (f" {COARSE_GRID_NOTE}: the default PLD grid "
+                     f"({DEFAULT_PLD_DISCRETIZATION:g}) would need minutes and gigabytes; a "
+                     f"coarser pessimistic grid ({grid:g}) was used: epsilon is still an upper "
+                     "bound, only a looser one.")
     return {
         "epsilon": float(epsilon),
         "delta": float(spec.delta),

@@ -257,3 +257,58 @@ def test_spec_from_sampler_accounts_the_sampler_truncation():
     spec = accounting.AccountingSpec.from_sampler(shuffle, noise_multiplier=1.0, delta=1e-6)
     assert spec.max_batch_size is None and spec.sampling == "shuffle"
     assert not spec.proven_bound
+
+
+# ----------------------------------------------------------------------------
+# Tiny noise multipliers: bounded time and memory, still upper bounds (issue 16)
+# ----------------------------------------------------------------------------
+
+def _clear_grid_caches():
+    for f in (accounting._bounded_discretization, accounting._probe_pmfs,
+              accounting._single_step_loss_range, accounting._single_step_pld):
+        f.cache_clear()
+
+
+def test_tiny_sigma_is_bounded_and_says_so():
+    """sigma=0.01 ran for minutes and grew past 4 GB (a ~1e8-point PLD grid)."""
+    spec = accounting.AccountingSpec(noise_multiplier=0.01, expected_batch_size=10,
+                                     num_examples=1000, delta=1e-5, max_batch_size=20)
+    start = time.perf_counter()
+    grid = accounting.pld_discretization_for(spec, 10)
+    report = accounting.privacy_report(spec, 10, clip_norm=1.0)
+    assert time.perf_counter() - start < 60
+    assert grid > accounting.DEFAULT_PLD_DISCRETIZATION
+    assert 1e3 < report["epsilon"] < float("inf")
+    assert accounting.COARSE_GRID_NOTE in report["note"] and f"({grid:g})" in report["note"]
+    # Too small to account at all: a clear refusal, not a hang or an overflow.
+    with pytest.raises(ValueError, match=r"noise multiplier 0.001 \(effective\) is too small"):
+        spec.replace(noise_multiplier=0.001).epsilon(10)
+
+
+def test_normal_sigma_keeps_the_default_grid():
+    for spec, steps in [(accounting.AccountingSpec(1.0, 128, 17316, 1e-5, max_batch_size=192),
+                         200),
+                        (accounting.AccountingSpec(1.0, 131072, 83_000_000, 1e-8), 10_000),
+                        (accounting.AccountingSpec(0.3, 128, 17316, 1e-5), 200)]:
+        assert accounting.pld_discretization_for(spec, steps) == 1e-4
+        assert accounting.COARSE_GRID_NOTE not in accounting.privacy_report(
+            spec, steps, clip_norm=1.0, epsilon=1.0)["note"]
+
+
+def test_coarsened_grid_is_still_an_upper_bound(monkeypatch):
+    """With tiny limits a normal sigma gets a coarse grid: its epsilon must not be below the
+    default grid's (pessimistic discretization), nor far above it."""
+    spec = accounting.AccountingSpec(1.0, 100, 10_000, 1e-6)
+    exact = pld_privacy_accountant.PLDAccountant().compose(spec.event(300)).get_epsilon(1e-6)
+    _clear_grid_caches()
+    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_SINGLE", 5_000)
+    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_COMPOSED", 20_000)
+    try:
+        grid = accounting.pld_discretization_for(spec, 300)
+        assert grid >= 16e-4
+        coarse = spec.epsilon(300)
+        fast = accounting.progress_epsilon(spec, 300)
+    finally:
+        _clear_grid_caches()
+    assert exact <= coarse < 1.2 * exact
+    assert fast == pytest.approx(coarse, rel=1e-6)
