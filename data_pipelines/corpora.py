@@ -447,13 +447,9 @@ def _parse_row(row: list[str], col: dict[str, int], num_fields: int,
 
 def _log_and_check(stats: ReadStats, num_bad: int, num_total: int, unit: str,
                    max_bad_fraction: float) -> None:
-    """Logs the summary; raises CorpusError when nothing usable was found or when more
-    than ``max_bad_fraction`` of the rows/lines could not be parsed."""
-    if stats.skipped:
-        # WARNING, so skipped records are visible at the default absl verbosity.
-        logging.warning("%s", stats.summary())
-    else:
-        logging.info("%s", stats.summary())
+    """Raises CorpusError when more than ``max_bad_fraction`` of the rows/lines could not be
+    parsed or nothing usable was found (the message holds the summary); else logs the
+    summary (WARNING when records were skipped)."""
     if num_bad and num_bad > max_bad_fraction * num_total:
         raise CorpusError(
             f"{stats.path}: {num_bad} of {num_total} {unit} "
@@ -465,3 +461,8 @@ def _log_and_check(stats: ReadStats, num_bad: int, num_total: int, unit: str,
             f"[{stats.summary()}]")
     if stats.records_kept == 0:
         raise CorpusError(f"no usable record in {stats.path} ({stats.summary()})")
+    if stats.skipped:
+        # WARNING, so skipped records are visible at the default absl verbosity.
+        logging.warning("%s", stats.summary())
+    else:
+        logging.info("%s", stats.summary())

@@ -56,8 +56,10 @@ def one_line(message: str) -> str:
     return "; ".join(lines)
 
 
-def run(main: Callable[[list[str]], object], name: str) -> None:
-    """`absl.app.run(main)` with one-line errors and a quiet console (see the module doc)."""
+def run(main: Callable[[list[str]], object], name: str,
+        argv: Sequence[str] | None = None) -> None:
+    """`absl.app.run(main)` with one-line errors and a quiet console (see the module doc);
+    `argv` defaults to sys.argv."""
 
     def wrapped(argv: list[str]) -> object:
         setup_console()
@@ -67,7 +69,8 @@ def run(main: Callable[[list[str]], object], name: str) -> None:
             fail(name, f"{e} (see --help)")
         return None
 
-    app.run(wrapped, flags_parser=lambda argv: parse_flags(argv, name))
+    app.run(wrapped, argv=None if argv is None else list(argv),
+            flags_parser=lambda args: parse_flags(args, name))
 
 
 def parse_flags(argv: Sequence[str], name: str) -> list[str]:

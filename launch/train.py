@@ -27,13 +27,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    problem = cli.check_output_dir(_WORKDIR.value, "--workdir")
+    if problem:
+        raise SystemExit(f"train: {problem}")
     # Imported here so that --help is instant and XLA flags set by the caller apply.
     from dpbert import sharding
     from dpbert import train
 
-    problem = cli.check_output_dir(_WORKDIR.value, "--workdir")
-    if problem:
-        raise SystemExit(f"train: {problem}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("JAX: %d processes, %d devices (%s)", *_devices())
     try:
