@@ -171,10 +171,19 @@ def open_text(path: str | os.PathLike[str]) -> IO[str]:
     raw.seek(0)
     if magic == _GZIP_MAGIC:
         raw = gzip.GzipFile(fileobj=raw, mode="rb")
+        try:
+            magic = raw.peek(2)[:2]
+        except (OSError, EOFError, zlib.error) as e:
+            raw.close()
+            raise _read_error(path, 0, e) from None
     elif path.endswith(".gz"):
         raw.close()
         raise CorpusError(f"{path}: not gzip data although the name ends in .gz "
                           "(rename it without .gz if it is plain text)")
+    if magic in (b"\xff\xfe", b"\xfe\xff"):
+        raw.close()
+        raise CorpusError(f"{path}: UTF-16 text (a byte-order mark); corpora must be UTF-8 "
+                          "(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
     return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
 
 

@@ -140,6 +140,10 @@ _PUBLIC_RANGES = (
 # fails the theorem's condition eps' < ln n; also the floor of the PLD calibration (smaller
 # Laplace scales make dp_accounting's grid explode: minutes and gigabytes).
 MAX_PER_WORD_EPSILON = 40.0
+# Upper limits on sizes (far above any real use; beyond them time or memory explodes:
+# K = 1e6 takes 80 s and 3 GB to calibrate, vocab_size = 1e9 a billion [unusedN] lines).
+MAX_WORDS_PER_EXAMPLE = 10_000
+MAX_VOCAB_SIZE = 1_000_000
 # Below this share of the learnable slots actually learned, build_vocab warns: the rest of
 # vocab.txt is [unusedN] padding and most words split into characters.
 SMALL_VOCAB_SHARE = 0.5
@@ -200,9 +204,9 @@ def _check_targets(epsilon: float, delta: float, max_words_per_example: int) -> 
     if not (_is_number(delta) and 0 < delta < 1):
         raise VocabError(f"delta must be in (0, 1), got {delta!r}")
     if not (isinstance(max_words_per_example, int) and not isinstance(max_words_per_example, bool)
-            and max_words_per_example >= 1):
-        raise VocabError(f"max_words_per_example (K) must be an integer >= 1, "
-                         f"got {max_words_per_example!r}")
+            and 1 <= max_words_per_example <= MAX_WORDS_PER_EXAMPLE):
+        raise VocabError(f"max_words_per_example (K) must be an integer in [1, "
+                         f"{MAX_WORDS_PER_EXAMPLE}], got {max_words_per_example!r}")
 
 
 def laplace_composition_epsilon(noise_scale: float, num_compositions: int,
@@ -271,6 +275,10 @@ def calibrate_histogram(epsilon: float, delta: float, max_words_per_example: int
     if b_basic <= b_floor or make_accountant().compose(event(b_floor)).get_epsilon(
             delta_noise) <= epsilon:
         b = b_floor
+    elif make_accountant().compose(event(b_basic)).get_epsilon(delta_noise) > epsilon:
+        # A delta below what the PLD resolves (1e-300): the search has no bracket. Basic
+        # composition needs none: K Laplace(K/eps) mechanisms are (eps, 0)-DP.
+        b = b_basic
     else:
         b = dp_accounting.calibrate_dp_mechanism(
             make_accountant, event, target_epsilon=epsilon, target_delta=delta_noise,
@@ -722,8 +730,10 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
         raise corpora.CorpusError(f"corpus file not found: {os.fspath(input_path)!r}")
     if fmt not in FORMATS:
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if not (isinstance(num_workers, int) and num_workers >= 1):
-        raise VocabError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    max_workers = 4 * (os.cpu_count() or 1)
+    if not (isinstance(num_workers, int) and 1 <= num_workers <= max_workers):
+        raise VocabError(f"num_workers must be an integer in [1, {max_workers}] (4 x the "
+                         f"{os.cpu_count()} CPUs), got {num_workers!r}")
     _check_sizes(vocab_size, num_unused)
     if accounting not in ACCOUNTING_MODES:
         raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
@@ -820,10 +830,14 @@ def _writable(folder: pathlib.Path) -> bool:
 
 
 def _check_sizes(vocab_size: Any, num_unused: Any) -> None:
-    """Raises VocabError unless both are integers, num_unused >= 0 and vocab_size >= 1."""
+    """Raises VocabError unless both are integers, 0 <= num_unused, 1 <= vocab_size, and
+    both are at most MAX_VOCAB_SIZE."""
     for name, value, minimum in (("num_unused", num_unused, 0), ("vocab_size", vocab_size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise VocabError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if value > MAX_VOCAB_SIZE:
+            raise VocabError(f"{name}={value} is above {MAX_VOCAB_SIZE} (BERT vocabularies have "
+                             "30k-250k entries; the file would be mostly [unusedN] padding)")
 
 
 def _check_learned(num_learned: int, num_surviving: int, slots: int, num_examples: int,

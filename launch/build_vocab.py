@@ -33,7 +33,8 @@ _EPSILON = flags.DEFINE_float("epsilon", None, "Example-level epsilon (add/remov
                               "example). Required unless --no_dp.")
 _DELTA = flags.DEFINE_float("delta", None, "Example-level delta. Required unless --no_dp.")
 _K = flags.DEFINE_integer("max_words_per_example", 64,
-                          "K: distinct words one example may contribute (each once).")
+                          "K: distinct words one example may contribute (each once).",
+                          lower_bound=1)
 _OUT = flags.DEFINE_string("out", None, "Output folder (must not hold a vocabulary).")
 _NO_DP = flags.DEFINE_boolean("no_dp", False, "Build the NON-private vocabulary from raw "
                               "counts (for comparison only).")
@@ -42,7 +43,7 @@ _LOWER = flags.DEFINE_boolean("do_lower_case", True, "Uncased BERT normalisation
 _SEED = flags.DEFINE_integer("seed", None, "Seed for bounding and noise: reproducible "
                              "builds only; leave unset for a release (OS entropy).")
 _WORKERS = flags.DEFINE_integer("num_workers", min(os.cpu_count() or 1, 8),
-                                "Processes that count words.")
+                                "Processes that count words.", lower_bound=1)
 _ACCOUNTING = flags.DEFINE_enum("accounting", "pld", list(dp_vocab.ACCOUNTING_MODES),
                                 "pld: tight PLD analysis of the K-bounded histogram; "
                                 "basic: Hoory et al.'s eps'=eps/K, Lap(2/eps') recipe.")

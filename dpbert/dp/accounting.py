@@ -81,6 +81,9 @@ MAX_PLD_POINTS_COMPOSED = 4_000_000
 COARSE_GRID_NOTE = "The noise multiplier is so small"
 # Coarsest grid (nats per point) accepted; a noise multiplier that needs more is refused.
 MAX_PLD_DISCRETIZATION = 1.0
+# Most steps the PLD accountant is asked to compose (dp_accounting's sparse self-composition
+# computes size ** steps exactly: 1e12 steps never returns). max_steps_within_budget's limit.
+MAX_PLD_STEPS = 10**8
 # Points of the coarse probe PLD used to estimate the composed size.
 _PLD_PROBE_POINTS = 2_000
 # Relative tolerance of calibrated noise multipliers.
@@ -457,6 +460,10 @@ def _bounded_discretization(sigma_eff: float, q: float, num_examples: int,
     """`discretization` x 2^k, the smallest k keeping the single-step PLD under
     MAX_PLD_POINTS_SINGLE points and the `steps`-fold composition (dp_accounting's own
     truncation bounds, on a coarse probe) under MAX_PLD_POINTS_COMPOSED points."""
+    if steps > MAX_PLD_STEPS:
+        raise ValueError(
+            f"steps={steps} is more than the PLD accountant composes ({MAX_PLD_STEPS:.0e}); "
+            "use accountant='rdp' (--accountant=rdp) for an upper bound")
     width = _single_step_loss_range(sigma_eff, q, num_examples, max_batch_size)
     needed = width / MAX_PLD_POINTS_SINGLE
     if needed > MAX_PLD_DISCRETIZATION:
@@ -473,6 +480,12 @@ def _bounded_discretization(sigma_eff: float, q: float, num_examples: int,
             lo, hi = pld_common.compute_self_convolve_bounds(probs, steps, 1e-15)
             composed = max(composed, (hi - lo) * probe)
         needed = max(needed, composed / MAX_PLD_POINTS_COMPOSED)
+        if needed > MAX_PLD_DISCRETIZATION:
+            raise ValueError(
+                f"{steps} steps at noise multiplier {sigma_eff:g} (effective) spread the "
+                f"privacy loss over {composed:.3g} nats: too wide for the PLD accountant (an "
+                "astronomically large epsilon); use fewer steps, more noise, or "
+                "accountant='rdp' (--accountant=rdp) for an upper bound")
     if needed <= discretization:
         return discretization
     return discretization * 2.0 ** math.ceil(math.log2(needed / discretization))
@@ -605,7 +618,7 @@ def recalibrate_for_batch_size(*, noise_multiplier: float, old_batch_size: float
 # ----------------------------------------------------------------------------
 
 def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
-                            upper_limit: int = 10**8) -> int:
+                            upper_limit: int = MAX_PLD_STEPS) -> int:
     """Largest T <= upper_limit with spec.epsilon(T) <= target_epsilon (0 if none).
 
     Exact for `spec.epsilon` (the reported epsilon): epsilon(T) <= target <

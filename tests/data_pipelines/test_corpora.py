@@ -331,6 +331,16 @@ def test_gzip_problems_are_one_clear_error(tmp_path):
     # A directory instead of a file.
     with pytest.raises(corpora.CorpusError, match="is a directory"):
         list(corpora.read_noteevents(tmp_path))
+    # UTF-16 (a Windows export), plain or gzipped: named, not 'binary data'.
+    utf16 = "Sentence one.\n\nSentence two.\n".encode("utf-16")
+    for name, data in (("u16.txt", utf16), ("u16.txt.gz", gzip.compress(utf16))):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(corpora.CorpusError, match="UTF-16 text .* must be UTF-8"):
+            list(corpora.read_text_documents(tmp_path / name))
+    # A gzip stream cut inside its header.
+    (tmp_path / "head.txt.gz").write_bytes(whole[:12])
+    with pytest.raises(corpora.CorpusError, match="ends early .* after line 0"):
+        list(corpora.read_text_documents(tmp_path / "head.txt.gz"))
 
 
 def test_headerless_noteevents_never_prints_the_note(tmp_path):

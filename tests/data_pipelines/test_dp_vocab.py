@@ -387,6 +387,13 @@ def test_large_epsilon_calibrates():
     assert dp_vocab.laplace_composition_epsilon(p.noise_scale, 64, p.delta_noise) <= 100.0
 
 
+def test_delta_below_pld_resolution_falls_back_to_basic_composition():
+    """delta=1e-300 was a ValueError from dp_accounting's root search (no bracket)."""
+    p = dp_vocab.calibrate_histogram(8.0, 1e-300, 64)
+    assert p.noise_scale == 64 / 8.0   # K Laplace(K/eps): (eps, 0)-DP by basic composition
+    assert p.threshold > 5000
+
+
 @pytest.mark.parametrize("epsilon", [1e4, 1e300])
 def test_huge_epsilon_refused_fast(synthetic_corpus, tmp_path, epsilon):
     """eps=1e3..1e4 ran for minutes and grew past 3 GB in dp_accounting."""
@@ -410,6 +417,9 @@ def test_bad_sizes_and_outputs_refused(synthetic_corpus, tmp_path):
                       (dict(num_unused=2.5), "num_unused must be an integer"),
                       (dict(vocab_size=0), "vocab_size must be an integer >= 1, got 0"),
                       (dict(vocab_size=True), "vocab_size must be an integer"),
+                      (dict(vocab_size=10**9), "vocab_size=1000000000 is above 1000000"),
+                      (dict(max_words_per_example=10**6), r"must be an integer in \[1, 10000\]"),
+                      (dict(num_workers=10**4), r"num_workers must be an integer in \[1, "),
                       (dict(max_words_per_example=True), "max_words_per_example"),
                       (dict(accounting="rdp"), "accounting must be one of")]:
         with pytest.raises(dp_vocab.VocabError, match=match):

@@ -285,6 +285,11 @@ def test_tiny_sigma_is_bounded_and_says_so():
     # Too small to account at all: a clear refusal, not a hang or an overflow.
     with pytest.raises(ValueError, match=r"noise multiplier 0.001 \(effective\) is too small"):
         spec.replace(noise_multiplier=0.001).epsilon(10)
+    # 1e12 steps never returned (dp_accounting computes size ** steps); RDP still answers.
+    big = accounting.AccountingSpec(1.0, 131072, 83_000_000, 1e-8)
+    with pytest.raises(ValueError, match=r"steps=1000000000000 is more than the PLD .*'rdp'"):
+        big.epsilon(10**12)
+    assert big.replace(accountant="rdp").epsilon(10**12) > 1e3
 
 
 def test_normal_sigma_keeps_the_default_grid():
