@@ -726,6 +726,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
       corpora.CorpusError: missing/malformed/empty corpus.
     """
     start = time.perf_counter()
+    if os.path.isdir(input_path):
+        raise corpora.CorpusError(f"{os.fspath(input_path)}: is a directory; expected a "
+                                  "corpus file")
     if not os.path.isfile(input_path):
         raise corpora.CorpusError(f"corpus file not found: {os.fspath(input_path)!r}")
     if fmt not in FORMATS:

@@ -27,6 +27,8 @@ import random
 import time
 from typing import Any, Sequence
 
+from absl import logging
+
 # The k of Qu et al.'s Fig. 3; the last entry stands for |V| (the farthest token).
 KNN_KS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000, None)
 
@@ -69,8 +71,12 @@ def read_corpus_lines(path: str | os.PathLike) -> list[str]:
         with _open_text(path) as f:
             lines = [line.rstrip("\n").split("\t")[-1] if tsv else line.rstrip("\n")
                      for line in f]
-    except (OSError, UnicodeDecodeError) as e:
-        raise AnalysisError(f"--corpus: cannot read {path} as UTF-8 text ({e})") from e
+    except UnicodeDecodeError:
+        # Not the decoder's message: it quotes the offending byte (the corpus may be private).
+        raise AnalysisError(f"--corpus: {path} is not UTF-8 text") from None
+    except (OSError, EOFError) as e:
+        raise AnalysisError(f"--corpus: cannot read {path} "
+                            f"({getattr(e, 'strerror', None) or type(e).__name__})") from None
     lines = [line for line in lines if line.strip()]
     if not lines:
         raise AnalysisError(f"--corpus: {path} has no text")
@@ -196,6 +202,8 @@ def run_analysis(embeddings: str, etas: list[float], corpus: str, out: str, *,
     if len(regular) < 2:
         raise AnalysisError(f"--embeddings: {folder} has fewer than two regular tokens")
     lines = read_corpus_lines(corpus)
+    for note in notes:  # inputs are valid: now say what this run will (not) do
+        logging.info("%s", note)
     out_dir = pathlib.Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
 

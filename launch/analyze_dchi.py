@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pathlib
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from dpbert import cli
 
@@ -55,8 +55,6 @@ def main(argv: list[str]) -> None:
     from dpbert import dchi_analysis as lib
 
     vocab_sample, note = lib.resolve_vocab_sample(_VOCAB_SAMPLE.value, jax.default_backend())
-    if note:
-        logging.info("%s", note)
     try:
         results = lib.run_analysis(
             _EMBEDDINGS.value, lib.parse_etas(_ETA.value), _CORPUS.value, _OUT.value,

@@ -77,8 +77,11 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 # Grid size limits (see "Bounded PLD grids" above): a few seconds and < 1 GB per epsilon.
 MAX_PLD_POINTS_SINGLE = 500_000
 MAX_PLD_POINTS_COMPOSED = 4_000_000
+# Largest effective noise multiplier accounted (dp_accounting overflows beyond ~1e150 and
+# its RDP series stop converging near 1e10; epsilon is already ~1e-10 at 1e6).
+MAX_NOISE_MULTIPLIER = 1e6
 # Starts the sentence that privacy_report's note adds when the grid was coarsened.
-COARSE_GRID_NOTE = "The noise multiplier is so small"
+COARSE_GRID_NOTE = "Noise multiplier too small for the default PLD grid"
 # Coarsest grid (nats per point) accepted; a noise multiplier that needs more is refused.
 MAX_PLD_DISCRETIZATION = 1.0
 # Most steps the PLD accountant is asked to compose (dp_accounting's sparse self-composition
@@ -161,9 +164,14 @@ def effective_noise_multiplier(noise_multiplier: float, noise_mode: str = "globa
     _check_choice("noise_mode", noise_mode, NOISE_MODES)
     _check_positive("noise_multiplier", noise_multiplier)
     num_shards = _check_int("num_shards", num_shards, minimum=1)
-    if noise_mode == "per_shard":
-        return noise_multiplier * math.sqrt(num_shards)
-    return float(noise_multiplier)
+    sigma = (noise_multiplier * math.sqrt(num_shards) if noise_mode == "per_shard"
+             else float(noise_multiplier))
+    if sigma > MAX_NOISE_MULTIPLIER:
+        raise ValueError(
+            f"noise_multiplier={noise_multiplier!r} (effective {sigma:g}) is above "
+            f"{MAX_NOISE_MULTIPLIER:g}: dp_accounting's arithmetic overflows there (its "
+            "epsilon would be ~0, and such noise drowns every gradient)")
+    return sigma
 
 
 # ----------------------------------------------------------------------------
@@ -808,10 +816,9 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
     if spec.accountant == "pld" and steps:
         grid = pld_discretization_for(spec, steps)
         if grid > DEFAULT_PLD_DISCRETIZATION:
-            note += (f" {COARSE_GRID_NOTE}: the default PLD grid "
-                     f"({DEFAULT_PLD_DISCRETIZATION:g}) would need minutes and gigabytes; a "
-                     f"coarser pessimistic grid ({grid:g}) was used: epsilon is still an upper "
-                     "bound, only a looser one.")
+            note += (f" {COARSE_GRID_NOTE} ({DEFAULT_PLD_DISCRETIZATION:g}: minutes and "
+                     f"gigabytes); a coarser pessimistic grid ({grid:g}) was used: epsilon is "
+                     "still an upper bound, only a looser one.")
     return {
         "epsilon": float(epsilon),
         "delta": float(spec.delta),

@@ -106,6 +106,9 @@ def test_read_corpus_lines(tmp_path):
     assert lib.read_corpus_lines(tsv) == ["good film", "bad one"]
     with pytest.raises(lib.AnalysisError, match=r"--corpus: .*absent.txt does not exist"):
         lib.read_corpus_lines(tmp_path / "absent.txt")
+    (tmp_path / "binary.txt").write_bytes(b"ok line\n\xcd\xff private?\n")
+    with pytest.raises(lib.AnalysisError, match=r"binary.txt is not UTF-8 text$"):
+        lib.read_corpus_lines(tmp_path / "binary.txt")
     (tmp_path / "empty.txt").write_text("\n \n")
     with pytest.raises(lib.AnalysisError, match="has no text"):
         lib.read_corpus_lines(tmp_path / "empty.txt")

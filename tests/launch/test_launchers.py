@@ -243,12 +243,13 @@ def test_privacy_launcher():
         "zero examples": ["epsilon", *base, "--num_examples=0", "--noise_multiplier=1"],
         "delta 1/N": ["epsilon", *base, "--delta=0.1", "--noise_multiplier=1"],
         "float steps": ["epsilon", *base, "--steps=2.5", "--noise_multiplier=1"],
+        "huge sigma": ["epsilon", *base, "--noise_multiplier=1e300"],
     }
     res = dict(zip(cases, drive("privacy.py", "privacy.py", list(cases.values()))))
     assert res["help"][0] == 0 and "--noise_multiplier" in res["help"][1]
     code, out, err, seconds = res["tiny sigma"]
     # Minutes and > 4 GB before; now seconds, with a note that the grid was coarsened.
-    assert code == 0 and "epsilon = " in out and "NOTE: The noise multiplier is so small" in out
+    assert code == 0 and "epsilon = " in out and "NOTE: Noise multiplier too small for the default PLD grid" in out
     assert seconds < 60
     expect = {
         "no command": "give exactly one command: epsilon | calibrate",
@@ -259,6 +260,7 @@ def test_privacy_launcher():
         "zero examples": "num_examples=0 must be >= 1",
         "delta 1/N": "delta=0.1 must be < 1/num_examples",
         "float steps": "flag --steps=2.5: invalid literal for int()",
+        "huge sigma": "noise_multiplier=1e+300 (effective 1e+300) is above 1e+06",
     }
     for key, part in expect.items():
         assert part in one_error_line(res[key]), (key, res[key])
