@@ -162,20 +162,24 @@ def setup_console() -> None:
     # logger where absl's handler sits); a logger filter would not.
     if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
         handler.addFilter(_QuietLibraries())
-    if getattr(handler.emit, "_tqdm_safe", False):
+    # absl's handler hands each record to its python handler's handle(), which calls that
+    # handler's emit: wrap that one.
+    target = handler.python_handler
+    if getattr(target.emit, "_tqdm_safe", False):
         return
-    emit = handler.emit
+    emit = target.emit
 
     def tqdm_safe_emit(record: std_logging.LogRecord) -> None:
         tqdm = sys.modules.get("tqdm")  # only if some code uses tqdm already
         if tqdm is None or not getattr(tqdm.tqdm, "_instances", None):
             emit(record)
             return
+        # Clears the bars on stderr, writes the line, redraws the bars below it.
         with tqdm.tqdm.external_write_mode(file=sys.stderr):
             emit(record)
 
     tqdm_safe_emit._tqdm_safe = True  # type: ignore[attr-defined]
-    handler.emit = tqdm_safe_emit  # type: ignore[method-assign]
+    target.emit = tqdm_safe_emit  # type: ignore[method-assign]
 
 
 def check_output_dir(path: str, flag: str, *, must_be_empty: bool = False) -> str | None:
