@@ -690,7 +690,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 do_lower_case: bool = True, seed: int | None = None, num_workers: int = 1,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
                 progress: bool = True,
-                max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION) -> VocabResult:
+                max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
+                min_learned_tokens: int = 0) -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -715,6 +716,10 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
       num_unused: ``[unusedN]`` slots before ``[UNK]``.
       progress: tqdm bar while counting.
       max_bad_fraction: largest share of unreadable rows/lines the corpus reader accepts.
+      min_learned_tokens: fewer learned tokens (beyond specials and the public alphabet) is
+        a VocabError naming the threshold and the number of examples; launch/build_vocab.py
+        passes 1 (a vocabulary of characters only is refused). 0 keeps the old behaviour
+        (training's tiny test corpora), with the warning below.
 
     Returns:
       :class:`VocabResult` (``report["warnings"]`` when the vocabulary learned fewer than
@@ -783,7 +788,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                                           num_unused)
     t_train = time.perf_counter() - t_train
     warnings = _check_learned(num_learned, len(word_counts), vocab_size - floor,
-                              num_examples, privacy)
+                              num_examples, privacy, min_learned_tokens)
 
     report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                      num_learned, num_unused, do_lower_case, seed, num_examples,
@@ -844,18 +849,20 @@ def _check_sizes(vocab_size: Any, num_unused: Any) -> None:
 
 
 def _check_learned(num_learned: int, num_surviving: int, slots: int, num_examples: int,
-                   privacy: HistogramPrivacy | None) -> list[str]:
-    """Refuses a vocabulary without a single learned token; returns warnings (also logged)
-    when fewer than SMALL_VOCAB_SHARE of the ``slots`` beyond the fixed part were learned."""
+                   privacy: HistogramPrivacy | None, min_learned_tokens: int) -> list[str]:
+    """Refuses a vocabulary with fewer than ``min_learned_tokens`` learned tokens; returns
+    warnings (also logged) when fewer than SMALL_VOCAB_SHARE of the ``slots`` beyond the
+    fixed part were learned."""
     why = (f"a word survives only if about {privacy.threshold:.0f} of the {num_examples} "
            f"examples use it (DP threshold for epsilon={privacy.epsilon}, "
            f"delta={privacy.delta}, K={privacy.max_words_per_example})" if privacy else
            f"{num_examples} examples")
-    if num_learned == 0:
+    if num_learned < min_learned_tokens:
         raise VocabError(
-            f"0 learned tokens: {num_surviving} word(s) survived and none adds a token beyond "
-            f"the public alphabet; {why}. The corpus is too small for this vocabulary: use "
-            f"more text, a larger --epsilon, or an existing (public) vocab.txt")
+            f"{num_learned} learned tokens: {num_surviving} word(s) survived and "
+            f"{'none adds' if num_learned == 0 else 'too few add'} a token beyond the public "
+            f"alphabet; {why}. The corpus is too small for this vocabulary: use more text, a "
+            f"larger --epsilon, or an existing (public) vocab.txt")
     if slots > 0 and num_learned < SMALL_VOCAB_SHARE * slots:
         msg = (f"DP vocabulary too small to be useful? only {num_learned} learned tokens for "
                f"{slots} slots ({100.0 * num_learned / slots:.0f} %; the rest of vocab.txt is "

@@ -414,6 +414,9 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-export-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
     try:
         (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -70,7 +70,8 @@ def main(argv: list[str]) -> None:
             _EPSILON.value, _DELTA.value,
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
-            num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value)
+            num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
+            min_learned_tokens=1)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
         print(f"build_vocab: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -462,8 +462,14 @@ def test_wrong_format_binary_and_tiny_corpora_refused(tmp_path):
                        match=r"0 learned tokens: \d+ word\(s\) survived .* about \d+ of the 30 "
                              r"examples use it"):
         dp_vocab.build_vocab(tiny, "text", 1200, 8.0, 1e-6, 64, tmp_path / "c",
-                             progress=False, seed=0)
+                             progress=False, seed=0, min_learned_tokens=1)
     assert not (tmp_path / "c").exists()
+    # min_learned_tokens=0 (training's default for now): built, with a warning that says so.
+    res = dp_vocab.build_vocab(tiny, "text", 1200, 8.0, 1e-6, 64, tmp_path / "c",
+                               progress=False, seed=0)
+    assert res.report["num_learned_tokens"] == 0
+    assert res.report["warnings"][0].startswith("DP vocabulary too small to be useful? only 0 "
+                                                "learned tokens")
 
 
 def test_small_dp_vocab_warns_with_numbers(synthetic_corpus, tmp_path):

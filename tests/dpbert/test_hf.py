@@ -233,6 +233,9 @@ def test_export_replaces_a_previous_export_as_a_whole(hf_folder, tmp_path, monke
     assert (out / "tokenizer.json").exists()
     hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES  # the stale file is gone
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # a normal folder, not mkdtemp's 0700
     assert transformers.BertConfig.from_pretrained(out).vocab_size == 211
     # A failure while writing (disk full) keeps the previous export and leaves no debris.
     before = {p.name: p.read_bytes() for p in out.iterdir()}
