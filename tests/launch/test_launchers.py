@@ -174,7 +174,7 @@ def test_build_vocab_launcher(tmp_path):
         "format": "line 1 is a MIMIC-III NOTEEVENTS header",
         "garbage": "cannot be parsed",
         "truncated": "the gzip data ends early",
-        "dir input": "corpus file not found",
+        "dir input": "is a directory; expected a corpus file",
         "out file": "exists and is not a folder",
         "no eps": "--epsilon and --delta are required (or pass --no_dp)",
     }
