@@ -6,9 +6,61 @@ and override what differs. Any field can be overridden on the command line:
     python launch/train.py --config=configs/demo_dp.py --config.dp.noise_multiplier=1.5
 """
 
+import difflib
+from typing import Collection, Mapping
+
 import ml_collections
 from ml_collections import config_dict
 
+
+# dpbert.model.PRESETS's names (kept here so that loading a config does not import JAX;
+# tests/configs checks that they agree).
+MODEL_SIZES = ("tiny", "mini", "small", "medium", "base", "large")
+
+
+def parse_arg(arg: str | None, allowed: Mapping[str, Collection[str] | None], *,
+              config: str, positional: str | None = None) -> dict[str, str]:
+    """Parses the `ARG` of `--config=configs/x.py:ARG`: `key=value[,key=value...]`.
+
+    The one idiom of every config file. `allowed` maps each accepted key to its accepted
+    values (None: any non-empty string); a config that takes no arg passes `{}`, so that an
+    arg it would ignore is an error. `positional` names the key that a bare first value
+    stands for (`:tiny` = `:size=tiny`). Every problem is a ValueError naming the config, the
+    arg and what is accepted (launchers print it on one line).
+
+    Returns:
+      {key: value} for the keys given (defaults are the config's business).
+    """
+    if not allowed and arg:
+        raise ValueError(f"{config} takes no config arg; got {arg!r} (remove ':{arg}')")
+    out: dict[str, str] = {}
+    for i, part in enumerate(p.strip() for p in (arg or "").split(",")):
+        if not part:
+            continue
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep:
+            if i == 0 and positional:
+                key, value = positional, part
+            else:
+                raise ValueError(f"{config}: config arg {part!r} is not key=value "
+                                 f"(accepted: {_accepted(allowed)})")
+        if key not in allowed:
+            close = difflib.get_close_matches(key, list(allowed), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{config}: unknown config arg {key!r}{hint} "
+                             f"(accepted: {_accepted(allowed)})")
+        if key in out:
+            raise ValueError(f"{config}: config arg {key!r} given twice in {arg!r}")
+        choices = allowed[key]
+        if not value or (choices is not None and value not in choices):
+            raise ValueError(f"{config}: config arg {key}={value!r} must be one of "
+                             f"{', '.join(choices) if choices else 'a non-empty value'}")
+        out[key] = value
+    return out
+
+
+def _accepted(allowed: Mapping[str, Collection[str] | None]) -> str:
+    return ", ".join(f"{k}={'|'.join(v) if v else '...'}" for k, v in allowed.items())
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -201,6 +253,10 @@ def data_config() -> ml_collections.ConfigDict:
     # tfds_sentences_per_document consecutive sentences of them form one document.
     c.tfds_sentence_datasets = ()
     c.tfds_sentences_per_document = 256
+    # Largest share of a corpus file's rows (NOTEEVENTS) or lines (text) that may be unreadable
+    # (malformed CSV, bad UTF-8, ...) before reading stops with an error naming the first bad
+    # one; below it they are skipped and counted.
+    c.max_bad_fraction = 0.01
     # Use at most this many documents per source (0 = all); for quick runs.
     c.max_documents = 0
     # Sentences longer than this many characters are cut at whitespace (pasted tables).

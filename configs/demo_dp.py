@@ -10,7 +10,7 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-    del arg
+    common.parse_arg(arg, {}, config="configs/demo_dp.py")  # takes none: an arg is an error
     c = common.get_config()
     c.model.size = "tiny"
     c.model.max_position_embeddings = 128

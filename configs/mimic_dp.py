@@ -21,23 +21,9 @@ dpbert.dp.scale_noise_multiplier_sqrt / recalibrate_for_batch_size).
 from configs import common
 
 
-def _parse(arg: str | None) -> dict[str, str]:
-    out = {}
-    for part in filter(None, (arg or "").split(",")):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise ValueError(f"configs/mimic_dp.py: config arg {part!r} is not key=value "
-                             "(e.g. size=tiny)")
-        out[key.strip()] = value.strip()
-    unknown = set(out) - {"size"}
-    if unknown:
-        raise ValueError(f"configs/mimic_dp.py: unknown config arg(s) {sorted(unknown)}; "
-                         "supported: size")
-    return out
-
-
 def get_config(arg: str | None = None):
-    args = _parse(arg)
+    args = common.parse_arg(arg, {"size": common.MODEL_SIZES}, config="configs/mimic_dp.py",
+                            positional="size")
     c = common.get_config()
     # Stage 2's export (a HF folder with the MIMIC DP vocab); "" trains model.size from scratch
     # with vocab.file.

@@ -8,7 +8,7 @@ is dχ-privatized on the fly, so the model learns to read privatized input.
 
 Sweep knobs: `dchi.eta` (privacy level), `mlm_target` (vanilla | prob | denoising),
 `dchi.mechanism` (text_to_text | token_rep). The config arg picks the mechanism:
-`--config=configs/privacy_adaptive.py:token_rep`.
+`--config=configs/privacy_adaptive.py:mechanism=token_rep` (or `:token_rep`).
 
 Paper settings (Sec. 6.1): sequence length 128, batch 256, learning rate 2e-5, 20 predictions per
 sequence, mask rate 0.15, 10k warmup steps, NSP kept. dχ protects the users' inputs; it composes
@@ -19,10 +19,12 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
+    args = common.parse_arg(arg, {"mechanism": ("text_to_text", "token_rep")},
+                            config="configs/privacy_adaptive.py", positional="mechanism")
     c = common.get_config()
     # The starting checkpoint (required): its word embeddings are φ, its vocab.txt the vocabulary.
     c.model.init_from_hf = ""
-    c.dchi.mechanism = arg or "text_to_text"
+    c.dchi.mechanism = args.get("mechanism", "text_to_text")
     c.dchi.eta = 100.0
     c.dchi.prob_samples = 10
     c.mlm_target = "denoising"

@@ -9,15 +9,17 @@ run's export (WORKDIR/hf). No privacy is claimed for this stage: its data is pub
 
 The TFDS datasets must be prepared beforehand (nothing downloads at run time); TFDS has no
 BookCorpus builder, so a BookCorpus copy must be prepared as a TFDS dataset of sentences
-(see data_pipelines/tfds_data.py). `:size=tiny` etc. picks the model size.
+(see data_pipelines/tfds_data.py). `:size=tiny` (or `:tiny`) etc. picks the model size.
 """
 
 from configs import common
 
 
 def get_config(arg: str | None = None):
+    args = common.parse_arg(arg, {"size": common.MODEL_SIZES}, config="configs/wiki_books.py",
+                            positional="size")
     c = common.get_config()
-    c.model.size = (arg or "base").removeprefix("size=")
+    c.model.size = args.get("size", "base")
     c.model.max_position_embeddings = 512
     c.vocab.file = ""  # required: the DP vocabulary of the private corpus
     c.data.corpus = "tfds"

@@ -13,9 +13,18 @@ bounded by the longest document, whatever the file size.
 Bad input is never dropped silently.  Rows that cannot be used (wrong field count,
 non-integer ids, an unknown ``ISERROR`` value, bytes that are not UTF-8, empty notes,
 rows flagged ``ISERROR=1``) are skipped and counted in a :class:`ReadStats`; a summary is
-logged when the file ends.  A missing file, a header that is not the ``NOTEEVENTS``
-schema, and a file with no usable record raise :class:`CorpusError` naming the file and
-the problem.
+logged when the file ends.  When more than ``max_bad_fraction`` (default
+:data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of the rows (text corpora: lines) cannot be parsed
+(malformed, not UTF-8, binary), the reader raises :class:`CorpusError` at the end of the
+file, naming the line where the first bad row starts: one unterminated quote can swallow
+the rest of a CSV file, and training on what is left would be a silent wrong result.  A
+missing file, a directory, a file that is not gzip although its name ends in ``.gz``, a
+truncated or corrupt ``.gz``, a header that is not the ``NOTEEVENTS`` schema, a
+NOTEEVENTS CSV read as a text corpus, and a file with no usable record also raise
+:class:`CorpusError` naming the file and the problem.
+
+Error messages never quote the file's content (it is private text): they name the file,
+columns, line numbers and counts only.
 
 Undecodable bytes are detected without giving up streaming: the file is decoded with
 ``errors="surrogateescape"``, which maps every invalid byte to a lone surrogate
@@ -31,6 +40,7 @@ import gzip
 import io
 import os
 import re
+import zlib
 from typing import IO, Iterator
 
 from absl import logging
@@ -47,6 +57,12 @@ _BAD_BYTE_RE = re.compile("[\udc80-\udcff]")
 # Real MIMIC-III notes reach ~100 k characters; csv's default field limit (128 KiB) is
 # too close.  Fields longer than this are counted as malformed rather than crashing.
 _MAX_FIELD_CHARS = 16 * 1024 * 1024
+
+
+# Largest share of unparseable rows (text corpora: lines) a reader accepts before it fails.
+DEFAULT_MAX_BAD_FRACTION = 0.01
+
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class CorpusError(ValueError):
@@ -87,7 +103,12 @@ class ReadStats:
       skipped_empty: notes whose text is only whitespace; for text corpora, documents
         left with no sentence.
       skipped_bad_utf8: NOTEEVENTS rows, or text-corpus lines, with bytes that are not
-        UTF-8.
+        UTF-8 (or, in text corpora, NUL bytes: binary data).
+      lines_read: text corpora only: non-blank lines seen.
+      first_bad_line: line (1-based, of the decompressed file) where the first
+        unparseable row or line starts; None if there is none.
+      first_bad_reason: why that row was rejected (never its content), with the record
+        number for NOTEEVENTS rows.
     """
 
     path: str = ""
@@ -97,6 +118,18 @@ class ReadStats:
     skipped_malformed: int = 0
     skipped_empty: int = 0
     skipped_bad_utf8: int = 0
+    lines_read: int = 0
+    first_bad_line: int | None = None
+    first_bad_reason: str = ""
+
+    def bad(self, line: int, reason: str) -> None:
+        """Remembers the first unparseable row (its line and reason, not its content)."""
+        if self.first_bad_line is None:
+            self.first_bad_line, self.first_bad_reason = line, reason
+
+    def first_bad(self) -> str:
+        """Where the first unparseable row starts and why (no content)."""
+        return f"line {self.first_bad_line}: {self.first_bad_reason}"
 
     @property
     def skipped(self) -> int:
@@ -118,18 +151,51 @@ def open_text(path: str | os.PathLike[str]) -> IO[str]:
     count and skip the records that hold them; ``newline=""`` keeps ``\\r\\n`` inside
     quoted CSV fields intact, as the csv module requires.
 
+    A file whose name ends in ``.gz`` must be gzip data; gzip data under another name
+    is decompressed too (recognised by its magic bytes).
+
     Raises:
-      CorpusError: the file does not exist or is not a regular file.
+      CorpusError: the file does not exist, is a directory, cannot be opened, or is
+        named ``*.gz`` without being gzip data.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise CorpusError(f"{path}: is a directory; expected a corpus file")
     if not os.path.isfile(path):
         raise CorpusError(f"corpus file not found: {path!r}")
-    raw: IO[bytes]
-    if path.endswith(".gz"):
-        raw = gzip.open(path, "rb")
-    else:
-        raw = open(path, "rb")
+    try:
+        raw: IO[bytes] = open(path, "rb")
+    except OSError as e:
+        raise CorpusError(f"{path}: cannot open ({e.strerror or e})") from None
+    magic = raw.read(2)
+    raw.seek(0)
+    if magic == _GZIP_MAGIC:
+        raw = gzip.GzipFile(fileobj=raw, mode="rb")
+        try:
+            magic = raw.peek(2)[:2]
+        except (OSError, EOFError, zlib.error) as e:
+            raw.close()
+            raise _read_error(path, 0, e) from None
+    elif path.endswith(".gz"):
+        raw.close()
+        raise CorpusError(f"{path}: not gzip data although the name ends in .gz "
+                          "(rename it without .gz if it is plain text)")
+    if magic in (b"\xff\xfe", b"\xfe\xff"):
+        raw.close()
+        raise CorpusError(f"{path}: UTF-16 text (a byte-order mark); corpora must be UTF-8 "
+                          "(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
     return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+
+
+def _read_error(path: str, line: int, e: BaseException) -> CorpusError:
+    """A CorpusError for a decompression or I/O failure after ``line`` lines."""
+    if isinstance(e, EOFError):
+        what = "the gzip data ends early (a truncated or partly copied file)"
+    elif isinstance(e, (zlib.error, gzip.BadGzipFile)):
+        what = "corrupt gzip data"
+    else:
+        what = f"read error ({getattr(e, 'strerror', None) or type(e).__name__})"
+    return CorpusError(f"{path}: {what} after line {line}; nothing of this file was used")
 
 
 def has_bad_bytes(text: str) -> bool:
@@ -138,31 +204,52 @@ def has_bad_bytes(text: str) -> bool:
 
 
 def read_text_documents(path: str | os.PathLike[str],
-                        stats: ReadStats | None = None) -> Iterator[list[str]]:
+                        stats: ReadStats | None = None,
+                        max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION
+                        ) -> Iterator[list[str]]:
     """Streams documents from a BERT pretraining text file.
 
     Format: one sentence per line, a blank (whitespace-only) line between documents;
     ``.gz`` is decompressed.  Sentences are stripped of surrounding whitespace.  A line
-    with bytes that are not UTF-8 is dropped and counted in ``stats.skipped_bad_utf8``;
-    a document left without any sentence is counted in ``stats.skipped_empty``.
+    with bytes that are not UTF-8 (or NUL bytes) is dropped and counted in
+    ``stats.skipped_bad_utf8``; a document left without any sentence is counted in
+    ``stats.skipped_empty``.
 
     Args:
       path: the corpus file.
       stats: optional counters, filled while iterating (``records`` are documents).
+      max_bad_fraction: largest accepted share of dropped lines among non-blank lines.
 
     Yields:
       Each document as a non-empty ``list[str]`` of sentences, in file order.
 
     Raises:
-      CorpusError: the file is missing, or holds no document at all (checked when the
-        iteration reaches the end of the file).
+      CorpusError: the file is missing or unreadable, is a MIMIC NOTEEVENTS CSV (read it
+        as ``noteevents``), holds no document at all, or more than ``max_bad_fraction``
+        of its lines are not text (checked when the iteration reaches the end).
     """
+    _check_fraction(max_bad_fraction)
     stats = stats if stats is not None else ReadStats()
     stats.path = os.fspath(path)
+    line_no = 0
     with open_text(path) as f:
         doc: list[str] = []
         saw_lines = False  # whether the current block had any line (bad ones included)
-        for line in f:
+        lines = iter(f)
+        while True:
+            try:
+                line = next(lines)
+            except StopIteration:
+                break
+            except (OSError, EOFError, zlib.error) as e:
+                raise _read_error(stats.path, line_no, e) from None
+            line_no += 1
+            if line_no == 1 and looks_like_noteevents_header(line):
+                raise CorpusError(
+                    f"{stats.path}: line 1 is a MIMIC-III NOTEEVENTS header; this reader "
+                    "expects plain text (one sentence per line, blank line between "
+                    "documents). Read it as format/corpus 'noteevents' (one note = one "
+                    "example)")
             line = line.strip()
             if not line:
                 if saw_lines:
@@ -170,13 +257,28 @@ def read_text_documents(path: str | os.PathLike[str],
                 doc, saw_lines = [], False
                 continue
             saw_lines = True
-            if has_bad_bytes(line):
+            stats.lines_read += 1
+            if has_bad_bytes(line) or "\x00" in line:
                 stats.skipped_bad_utf8 += 1
+                stats.bad(line_no, "bytes that are not UTF-8 text" if has_bad_bytes(line)
+                          else "NUL bytes (binary data)")
                 continue
             doc.append(line)
         if saw_lines:
             yield from _finish_document(doc, stats)
-    _log_and_check(stats)
+    _log_and_check(stats, stats.skipped_bad_utf8, stats.lines_read, "lines",
+                   max_bad_fraction)
+
+
+def looks_like_noteevents_header(line: str) -> bool:
+    """Whether ``line`` is a CSV header with the NOTEEVENTS key columns (ROW_ID, TEXT, ...)."""
+    names = {h.strip().lstrip("\ufeff").strip('"').upper() for h in line.split(",")}
+    return {"ROW_ID", "SUBJECT_ID", "TEXT"} <= names
+
+
+def _check_fraction(value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise CorpusError(f"max_bad_fraction must be a number in [0, 1], got {value!r}")
 
 
 def _finish_document(doc: list[str], stats: ReadStats) -> Iterator[list[str]]:
@@ -206,13 +308,20 @@ def _check_header(header: list[str] | None, path: str) -> dict[str, int]:
     names = [h.strip().lstrip("\ufeff").strip('"').upper() for h in header]
     missing = [c for c in NOTEEVENTS_COLUMNS if c not in names]
     if missing:
-        raise CorpusError(f"{path}: not a MIMIC-III NOTEEVENTS header; missing column(s) "
-                          f"{', '.join(missing)} (found: {', '.join(names) or 'nothing'})")
+        # Never echo the line: without a header it is the first note (private text).
+        known = [c for c in NOTEEVENTS_COLUMNS if c in names]
+        hint = ("; the first field is a number, so the header line is probably missing"
+                if names and names[0].strip().isdecimal() else "")
+        raise CorpusError(
+            f"{path}: line 1 is not a MIMIC-III NOTEEVENTS header: it has {len(names)} "
+            f"field(s), missing column(s) {', '.join(missing)}"
+            + (f" (present: {', '.join(known)})" if known else "") + hint)
     return {name: names.index(name) for name in NOTEEVENTS_COLUMNS}
 
 
 def read_noteevents(path: str | os.PathLike[str],
-                    stats: ReadStats | None = None) -> Iterator[Note]:
+                    stats: ReadStats | None = None,
+                    max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION) -> Iterator[Note]:
     """Streams notes from a MIMIC-III ``NOTEEVENTS.csv`` or ``NOTEEVENTS.csv.gz``.
 
     Columns are found by name in the header (any order; extra columns are allowed).
@@ -225,14 +334,20 @@ def read_noteevents(path: str | os.PathLike[str],
     Args:
       path: the NOTEEVENTS file.
       stats: optional counters, filled while iterating.
+      max_bad_fraction: largest accepted share of unparseable rows (malformed or not
+        UTF-8) among the data rows.
 
     Yields:
       :class:`Note` per usable row, in file order.
 
     Raises:
-      CorpusError: the file is missing, its header lacks NOTEEVENTS columns (named in
-        the message), or it yields no note at all (raised at the end of the iteration).
+      CorpusError: the file is missing or unreadable (not gzip, truncated), its header
+        lacks NOTEEVENTS columns (named in the message), or, at the end of the
+        iteration, it yielded no note at all or more than ``max_bad_fraction`` of its
+        rows could not be parsed (the message names the line where the first bad row
+        starts).
     """
+    _check_fraction(max_bad_fraction)
     stats = stats if stats is not None else ReadStats()
     path_str = os.fspath(path)
     stats.path = path_str
@@ -246,51 +361,88 @@ def read_noteevents(path: str | os.PathLike[str],
         try:
             header = next(reader, None)
         except csv.Error as e:
-            raise CorpusError(f"{path_str}: cannot parse the CSV header: {e}") from e
+            raise CorpusError(f"{path_str}: cannot parse the CSV header on line 1 "
+                              f"({_csv_reason(e)})") from None
+        except (OSError, EOFError, zlib.error) as e:
+            raise _read_error(path_str, 0, e) from None
         col = _check_header(header, path_str)
         num_fields = len(header)
         while True:
+            start = reader.line_num + 1  # the line where the next record starts
             try:
                 row = next(reader)
             except StopIteration:
                 break
-            except csv.Error:
+            except csv.Error as e:
                 # A field over the size limit, a stray quote, a quote left open at the
                 # end of the file: count the row; the reader resumes on the next line.
                 stats.records_read += 1
                 stats.skipped_malformed += 1
+                stats.bad(start, f"data row {stats.records_read}, CSV error: "
+                                 f"{_csv_reason(e)}")
                 continue
+            except (OSError, EOFError, zlib.error) as e:
+                raise _read_error(path_str, reader.line_num, e) from None
             if not row:
                 continue  # blank line between records: not a record
             stats.records_read += 1
-            note = _parse_row(row, col, num_fields, stats)
+            note = _parse_row(row, col, num_fields, stats,
+                              lambda why: stats.bad(start, f"data row {stats.records_read}, "
+                                                           f"{why}"))
             if note is not None:
                 stats.records_kept += 1
                 yield note
-    _log_and_check(stats)
+    _log_and_check(stats, stats.skipped_malformed + stats.skipped_bad_utf8,
+                   stats.records_read, "rows", max_bad_fraction)
+
+
+def _csv_reason(e: csv.Error) -> str:
+    """The csv module's message without any quoted content (it can quote a character)."""
+    msg = str(e)
+    if "field larger than field limit" in msg:
+        return f"a field longer than {_MAX_FIELD_CHARS} characters"
+    if "unexpected end of data" in msg or "EOF" in msg:
+        return "a quote left open at the end of the file"
+    if "expected after" in msg:
+        return "text after a closing quote (an unterminated or stray quote earlier?)"
+    if "NUL" in msg or "null byte" in msg:
+        return "NUL bytes (binary data)"
+    return "malformed CSV"
 
 
 def _parse_row(row: list[str], col: dict[str, int], num_fields: int,
-               stats: ReadStats) -> Note | None:
-    """Turns one CSV row into a Note, or counts why it is skipped and returns None."""
+               stats: ReadStats, bad=lambda why: None) -> Note | None:
+    """Turns one CSV row into a Note, or counts why it is skipped and returns None.
+
+    ``bad(reason)`` is called with the reason of a malformed row (never its content).
+    """
     if len(row) != num_fields:
         stats.skipped_malformed += 1
+        bad(f"{len(row)} fields, the header has {num_fields}")
         return None
     if any(has_bad_bytes(field) for field in row):
         stats.skipped_bad_utf8 += 1
+        bad("bytes that are not UTF-8")
         return None
     iserror = row[col["ISERROR"]].strip()
     if iserror not in ("", "0", "1"):
         stats.skipped_malformed += 1
+        bad("ISERROR is not empty, 0 or 1")
         return None
-    try:
-        row_id = _parse_int(row[col["ROW_ID"]])
-        subject_id = _parse_int(row[col["SUBJECT_ID"]])
-        hadm = row[col["HADM_ID"]].strip()
-        hadm_id = _parse_int(hadm) if hadm else None
-    except ValueError:
-        stats.skipped_malformed += 1
-        return None
+    for name in ("ROW_ID", "SUBJECT_ID", "HADM_ID"):
+        value = row[col[name]].strip()
+        if name == "HADM_ID" and not value:
+            continue
+        try:
+            _parse_int(value)
+        except ValueError:
+            stats.skipped_malformed += 1
+            bad(f"{name} is not an integer")
+            return None
+    row_id = _parse_int(row[col["ROW_ID"]])
+    subject_id = _parse_int(row[col["SUBJECT_ID"]])
+    hadm = row[col["HADM_ID"]].strip()
+    hadm_id = _parse_int(hadm) if hadm else None
     if iserror == "1":
         stats.skipped_iserror += 1
         return None
@@ -302,12 +454,24 @@ def _parse_row(row: list[str], col: dict[str, int], num_fields: int,
                 category=row[col["CATEGORY"]].strip(), text=text)
 
 
-def _log_and_check(stats: ReadStats) -> None:
-    """Logs the summary; raises CorpusError when nothing usable was found."""
+def _log_and_check(stats: ReadStats, num_bad: int, num_total: int, unit: str,
+                   max_bad_fraction: float) -> None:
+    """Raises CorpusError when more than ``max_bad_fraction`` of the rows/lines could not be
+    parsed or nothing usable was found (the message holds the summary); else logs the
+    summary (WARNING when records were skipped)."""
+    if num_bad and num_bad > max_bad_fraction * num_total:
+        raise CorpusError(
+            f"{stats.path}: {num_bad} of {num_total} {unit} "
+            f"({100.0 * num_bad / max(num_total, 1):.1f} %) cannot be parsed, more than the "
+            f"{100.0 * max_bad_fraction:g} % allowed (max_bad_fraction); the first bad one "
+            f"starts at {stats.first_bad()}. Fix the "
+            f"file there, or accept the loss with a larger share (training: "
+            f"--config.data.max_bad_fraction; build_vocab: --max_bad_fraction) "
+            f"[{stats.summary()}]")
+    if stats.records_kept == 0:
+        raise CorpusError(f"no usable record in {stats.path} ({stats.summary()})")
     if stats.skipped:
         # WARNING, so skipped records are visible at the default absl verbosity.
         logging.warning("%s", stats.summary())
     else:
         logging.info("%s", stats.summary())
-    if stats.records_kept == 0:
-        raise CorpusError(f"no usable record in {stats.path} ({stats.summary()})")

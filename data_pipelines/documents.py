@@ -54,14 +54,19 @@ def check_paths(paths: Sequence[str], what: str) -> list[str]:
 
 
 def text_documents(paths: Sequence[str],
-                   stats: list[corpora.ReadStats] | None = None) -> Iterator[Document]:
-    """Documents of BERT-format text files, in file order; keys count documents across files."""
+                   stats: list[corpora.ReadStats] | None = None,
+                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
+                   ) -> Iterator[Document]:
+    """Documents of BERT-format text files, in file order; keys count documents across files.
+
+    ``max_bad_fraction``: per file, the largest share of unreadable lines accepted
+    (``corpora.read_text_documents``)."""
     key = 0
     for path in paths:
         st = corpora.ReadStats()
         if stats is not None:
             stats.append(st)
-        for sents in corpora.read_text_documents(path, st):
+        for sents in corpora.read_text_documents(path, st, max_bad_fraction):
             yield Document(sentences=sents, subject_id=NO_SUBJECT, key=key)
             key += 1
 
@@ -80,9 +85,13 @@ def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] =
 
 def noteevents_documents(path: str, *, categories: Sequence[str] = (),
                          max_sentence_chars: int = 1000,
-                         stats: corpora.ReadStats | None = None) -> Iterator[Document]:
-    """Documents of a MIMIC-III NOTEEVENTS.csv(.gz) (bad rows counted and skipped)."""
-    return note_documents(corpora.read_noteevents(path, stats), categories=categories,
+                         stats: corpora.ReadStats | None = None,
+                         max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
+                         ) -> Iterator[Document]:
+    """Documents of a MIMIC-III NOTEEVENTS.csv(.gz) (bad rows counted and skipped; more than
+    ``max_bad_fraction`` of them is an error, see ``corpora.read_noteevents``)."""
+    return note_documents(corpora.read_noteevents(path, stats, max_bad_fraction),
+                          categories=categories,
                           max_sentence_chars=max_sentence_chars)
 
 

@@ -136,6 +136,19 @@ _PUBLIC_RANGES = (
 )
 
 
+# No corpus has ln(n) >= 40 (n >= 2e17 examples), so a per-word epsilon this large always
+# fails the theorem's condition eps' < ln n; also the floor of the PLD calibration (smaller
+# Laplace scales make dp_accounting's grid explode: minutes and gigabytes).
+MAX_PER_WORD_EPSILON = 40.0
+# Upper limits on sizes (far above any real use; beyond them time or memory explodes:
+# K = 1e6 takes 80 s and 3 GB to calibrate, vocab_size = 1e9 a billion [unusedN] lines).
+MAX_WORDS_PER_EXAMPLE = 10_000
+MAX_VOCAB_SIZE = 1_000_000
+# Below this share of the learnable slots actually learned, build_vocab warns: the rest of
+# vocab.txt is [unusedN] padding and most words split into characters.
+SMALL_VOCAB_SHARE = 0.5
+
+
 class VocabError(ValueError):
     """A DP vocabulary cannot be built with the given parameters or data."""
 
@@ -180,15 +193,20 @@ class HistogramPrivacy:
                 f"accounting: {self.accounting}")
 
 
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _check_targets(epsilon: float, delta: float, max_words_per_example: int) -> None:
     """Raises VocabError unless 0 < epsilon < inf, 0 < delta < 1, K >= 1."""
-    if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
+    if not (_is_number(epsilon) and math.isfinite(epsilon) and epsilon > 0):
         raise VocabError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+    if not (_is_number(delta) and 0 < delta < 1):
         raise VocabError(f"delta must be in (0, 1), got {delta!r}")
-    if not (isinstance(max_words_per_example, int) and max_words_per_example >= 1):
-        raise VocabError(f"max_words_per_example (K) must be an integer >= 1, "
-                         f"got {max_words_per_example!r}")
+    if not (isinstance(max_words_per_example, int) and not isinstance(max_words_per_example, bool)
+            and 1 <= max_words_per_example <= MAX_WORDS_PER_EXAMPLE):
+        raise VocabError(f"max_words_per_example (K) must be an integer in [1, "
+                         f"{MAX_WORDS_PER_EXAMPLE}], got {max_words_per_example!r}")
 
 
 def laplace_composition_epsilon(noise_scale: float, num_compositions: int,
@@ -245,18 +263,29 @@ def calibrate_histogram(epsilon: float, delta: float, max_words_per_example: int
     delta_threshold = delta * threshold_delta_fraction
     delta_noise = delta - delta_threshold
     b_basic = k / epsilon  # basic composition: K Laplace(b) mechanisms are (K/b, 0)-DP
-    b = dp_accounting.calibrate_dp_mechanism(
-        # A coarser grid than the default 1e-4 is 15x faster and, being pessimistic,
-        # still an upper bound on epsilon (b moves by < 1e-5 relative at eps=8, K=64).
-        functools.partial(pld.PLDAccountant, value_discretization_interval=1e-3),
-        lambda scale: dp_accounting.SelfComposedDpEvent(
-            dp_accounting.LaplaceDpEvent(noise_multiplier=scale), k),
-        target_epsilon=epsilon, target_delta=delta_noise,
-        # One Laplace(1/(10 eps)) already exceeds epsilon; K/eps always meets it.
-        bracket_interval=mechanism_calibration.ExplicitBracketInterval(
-            1.0 / (10.0 * epsilon), b_basic),
-        tol=1e-4 * b_basic)
-    b = float(min(b, b_basic))
+    # A coarser grid than the default 1e-4 is 15x faster and, being pessimistic, still an
+    # upper bound on epsilon (b moves by < 1e-5 relative at eps=8, K=64).
+    make_accountant = functools.partial(pld.PLDAccountant, value_discretization_interval=1e-3)
+    event = lambda scale: dp_accounting.SelfComposedDpEvent(  # noqa: E731
+        dp_accounting.LaplaceDpEvent(noise_multiplier=scale), k)
+    # Scales below 1/MAX_PER_WORD_EPSILON are never searched: their grid is huge and their
+    # per-word epsilon fails check_conditions for any corpus. Taking the floor instead is
+    # more noise than needed (still (epsilon, delta)-DP) and is refused by check_conditions.
+    b_floor = 1.0 / MAX_PER_WORD_EPSILON
+    if b_basic <= b_floor or make_accountant().compose(event(b_floor)).get_epsilon(
+            delta_noise) <= epsilon:
+        b = b_floor
+    elif make_accountant().compose(event(b_basic)).get_epsilon(delta_noise) > epsilon:
+        # A delta below what the PLD resolves (1e-300): the search has no bracket. Basic
+        # composition needs none: K Laplace(K/eps) mechanisms are (eps, 0)-DP.
+        b = b_basic
+    else:
+        b = dp_accounting.calibrate_dp_mechanism(
+            make_accountant, event, target_epsilon=epsilon, target_delta=delta_noise,
+            # Laplace(b_floor) exceeds epsilon (checked above); K/eps always meets it.
+            bracket_interval=mechanism_calibration.ExplicitBracketInterval(b_floor, b_basic),
+            tol=1e-4 * b_basic)
+        b = float(min(b, b_basic))
     tau = 1.0 + b * math.log(k / (2.0 * delta_threshold))
     return HistogramPrivacy(epsilon, delta, k, accounting, b, tau, 1.0 / b,
                             delta_threshold / k, delta_noise, delta_threshold)
@@ -271,6 +300,12 @@ def check_conditions(privacy: HistogramPrivacy, num_examples: int) -> None:
     n = num_examples
     if n < 2:
         raise VocabError(f"need at least 2 examples for a DP vocabulary, got {n}")
+    # The example-level rule, checked and worded exactly as training checks its delta.
+    from dpbert.dp import accounting  # noqa: PLC0415 - lazy: workers never need it
+    try:
+        accounting.validate_delta(privacy.delta, n)
+    except ValueError as e:
+        raise VocabError(f"vocabulary {e}") from None
     eps_w, delta_w = privacy.epsilon_per_word, privacy.delta_per_word
     if not 0 < eps_w < math.log(n):
         raise VocabError(
@@ -618,13 +653,14 @@ def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
 
 
 def iter_examples(path: str | os.PathLike[str], fmt: str,
-                  stats: corpora.ReadStats | None = None) -> Iterator[str]:
+                  stats: corpora.ReadStats | None = None,
+                  max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION) -> Iterator[str]:
     """Example texts of a corpus: one document (``text``) or one note (``noteevents``)."""
     if fmt == "text":
-        for doc in corpora.read_text_documents(path, stats):
+        for doc in corpora.read_text_documents(path, stats, max_bad_fraction):
             yield "\n".join(doc)
     elif fmt == "noteevents":
-        for note in corpora.read_noteevents(path, stats):
+        for note in corpora.read_noteevents(path, stats, max_bad_fraction):
             yield note.text
     else:
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
@@ -653,7 +689,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 out_dir: str | os.PathLike[str], dp: bool = True,
                 do_lower_case: bool = True, seed: int | None = None, num_workers: int = 1,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
-                progress: bool = True) -> VocabResult:
+                progress: bool = True,
+                max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
+                min_learned_tokens: int = 0) -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -677,28 +715,50 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
       accounting: "pld" or "basic".
       num_unused: ``[unusedN]`` slots before ``[UNK]``.
       progress: tqdm bar while counting.
+      max_bad_fraction: largest share of unreadable rows/lines the corpus reader accepts.
+      min_learned_tokens: fewer learned tokens (beyond specials and the public alphabet) is
+        a VocabError naming the threshold and the number of examples; launch/build_vocab.py
+        passes 1 (a vocabulary of characters only is refused). 0 keeps the old behaviour
+        (training's tiny test corpora), with the warning below.
 
     Returns:
-      :class:`VocabResult`.
+      :class:`VocabResult` (``report["warnings"]`` when the vocabulary learned fewer than
+      half of its slots).
 
     Raises:
-      VocabError: bad parameters, violated per-word conditions, existing output.
+      VocabError: bad parameters, delta >= 1/n, violated per-word conditions, existing
+        output, no learned token.
       corpora.CorpusError: missing/malformed/empty corpus.
     """
     start = time.perf_counter()
+    if os.path.isdir(input_path):
+        raise corpora.CorpusError(f"{os.fspath(input_path)}: is a directory; expected a "
+                                  "corpus file")
     if not os.path.isfile(input_path):
         raise corpora.CorpusError(f"corpus file not found: {os.fspath(input_path)!r}")
     if fmt not in FORMATS:
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if not (isinstance(num_workers, int) and num_workers >= 1):
-        raise VocabError(f"num_workers must be an integer >= 1, got {num_workers!r}")
+    max_workers = 4 * (os.cpu_count() or 1)
+    if not (isinstance(num_workers, int) and 1 <= num_workers <= max_workers):
+        raise VocabError(f"num_workers must be an integer in [1, {max_workers}] (4 x the "
+                         f"{os.cpu_count()} CPUs), got {num_workers!r}")
+    _check_sizes(vocab_size, num_unused)
+    if accounting not in ACCOUNTING_MODES:
+        raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
     privacy = calibrate_histogram(epsilon, delta, max_words_per_example,
                                   accounting) if dp else None
+    if privacy is not None and privacy.epsilon_per_word >= MAX_PER_WORD_EPSILON:
+        raise VocabError(
+            f"epsilon={epsilon} with K={max_words_per_example} gives a per-word epsilon of "
+            f"{privacy.epsilon_per_word:.4g}, which must be below ln n (n = the number of "
+            f"examples) and no corpus has ln n >= {MAX_PER_WORD_EPSILON:g}; lower --epsilon "
+            f"or raise --max_words_per_example")
     floor = min_vocab_size(do_lower_case, num_unused)
     if vocab_size < floor:
         raise VocabError(f"vocab_size={vocab_size} is below the {floor} tokens of the "
                          f"special tokens ({num_unused} unused) and the public alphabet")
     out = pathlib.Path(out_dir)
+    _check_writable_dir(out)
     paths = (out / "vocab.txt", out / "vocab_privacy.json", out / "word_counts.tsv")
     for p in paths:
         if p.exists():
@@ -710,7 +770,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     entropy = int(root.entropy)
     stats = corpora.ReadStats()
     histogram, num_examples = word_histogram(
-        iter_examples(input_path, fmt, stats), max_words_per_example if dp else None,
+        iter_examples(input_path, fmt, stats, max_bad_fraction),
+        max_words_per_example if dp else None,
         entropy, do_lower_case, num_workers, progress)
     t_count = time.perf_counter() - start - t_calibrate
 
@@ -726,22 +787,91 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     tokens, num_learned = learn_wordpiece(word_counts, vocab_size, do_lower_case,
                                           num_unused)
     t_train = time.perf_counter() - t_train
+    warnings = _check_learned(num_learned, len(word_counts), vocab_size - floor,
+                              num_examples, privacy, min_learned_tokens)
 
     report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                      num_learned, num_unused, do_lower_case, seed, num_examples,
                      len(histogram), len(word_counts), stats)
+    if warnings:
+        report["warnings"] = warnings
     report["seconds"] = {"calibrate": round(t_calibrate, 3), "count": round(t_count, 3),
                          "wordpiece": round(t_train, 3),
                          "total": round(time.perf_counter() - start, 3)}
-    out.mkdir(parents=True, exist_ok=True)
-    fileio.atomic_write_text(paths[2], "".join(f"{w}\t{max(1, int(round(c)))}\n"
-                                    for w, c in sorted(word_counts.items()))
-                  if dp else "")
-    fileio.atomic_write_text(paths[1], json.dumps(report, indent=2) + "\n")
-    fileio.atomic_write_text(paths[0], "".join(t + "\n" for t in tokens))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fileio.atomic_write_text(paths[2], "".join(f"{w}\t{max(1, int(round(c)))}\n"
+                                        for w, c in sorted(word_counts.items()))
+                      if dp else "")
+        fileio.atomic_write_text(paths[1], json.dumps(report, indent=2) + "\n")
+        fileio.atomic_write_text(paths[0], "".join(t + "\n" for t in tokens))
+    except OSError as e:
+        raise VocabError(f"{out}: cannot write the vocabulary ({e.strerror or e})") from None
     logging.info("DP vocab: %d examples, %d surviving words, %d learned tokens -> %s",
                  num_examples, len(word_counts), num_learned, paths[0])
     return VocabResult(*paths, report=report)
+
+
+def _check_writable_dir(out: pathlib.Path) -> None:
+    """Raises VocabError unless ``out`` is (or can be created as) a writable folder."""
+    if out.exists() and not out.is_dir():
+        raise VocabError(f"{out}: exists and is not a folder; --out must be a folder")
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise VocabError(f"{out}: cannot be created ({existing} is a file)")
+    if not _writable(existing):
+        raise VocabError(f"{out}: cannot be written ({existing} is read-only for this user)")
+
+
+def _writable(folder: pathlib.Path) -> bool:
+    """Whether a file can be created in ``folder`` (tried: permission bits do not tell for
+    root or read-only mounts)."""
+    import tempfile  # noqa: PLC0415
+
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
+            return True
+    except OSError:
+        return False
+
+
+def _check_sizes(vocab_size: Any, num_unused: Any) -> None:
+    """Raises VocabError unless both are integers, 0 <= num_unused, 1 <= vocab_size, and
+    both are at most MAX_VOCAB_SIZE."""
+    for name, value, minimum in (("num_unused", num_unused, 0), ("vocab_size", vocab_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise VocabError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        if value > MAX_VOCAB_SIZE:
+            raise VocabError(f"{name}={value} is above {MAX_VOCAB_SIZE} (BERT vocabularies have "
+                             "30k-250k entries; the file would be mostly [unusedN] padding)")
+
+
+def _check_learned(num_learned: int, num_surviving: int, slots: int, num_examples: int,
+                   privacy: HistogramPrivacy | None, min_learned_tokens: int) -> list[str]:
+    """Refuses a vocabulary with fewer than ``min_learned_tokens`` learned tokens; returns
+    warnings (also logged) when fewer than SMALL_VOCAB_SHARE of the ``slots`` beyond the
+    fixed part were learned."""
+    why = (f"a word survives only if about {privacy.threshold:.0f} of the {num_examples} "
+           f"examples use it (DP threshold for epsilon={privacy.epsilon}, "
+           f"delta={privacy.delta}, K={privacy.max_words_per_example})" if privacy else
+           f"{num_examples} examples")
+    if num_learned < min_learned_tokens:
+        raise VocabError(
+            f"{num_learned} learned tokens: {num_surviving} word(s) survived and "
+            f"{'none adds' if num_learned == 0 else 'too few add'} a token beyond the public "
+            f"alphabet; {why}. The corpus is too small for this vocabulary: use more text, a "
+            f"larger --epsilon, or an existing (public) vocab.txt")
+    if slots > 0 and num_learned < SMALL_VOCAB_SHARE * slots:
+        msg = (f"DP vocabulary too small to be useful? only {num_learned} learned tokens for "
+               f"{slots} slots ({100.0 * num_learned / slots:.0f} %; the rest of vocab.txt is "
+               f"[unusedN] padding and most words will split into characters): "
+               f"{num_surviving} words survived; {why}. More text, a larger --epsilon or a "
+               f"smaller --vocab_size give a denser vocabulary")
+        logging.warning("%s", msg)
+        return [msg]
+    return []
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -67,6 +67,8 @@ def _check_config(cfg: ml_collections.ConfigDict) -> None:
         raise bad("seed", "must be >= 0")
     if cfg.max_documents < 0:
         raise bad("max_documents", "must be >= 0 (0 = all)")
+    if not (isinstance(cfg.max_bad_fraction, (int, float)) and 0 <= cfg.max_bad_fraction < 1):
+        raise bad("max_bad_fraction", "must be in [0, 1)")
     if isinstance(cfg.paths, str):
         raise bad("paths", "must be a tuple of paths, e.g. ('a.txt',)")
     if cfg.corpus in ("text", "noteevents") and not cfg.paths:
@@ -152,13 +154,15 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
 
     limit = cfg.max_documents
     if cfg.corpus == "text":
-        yield from _capped(documents.text_documents(list(cfg.paths), read_stats), limit)
+        yield from _capped(documents.text_documents(
+            list(cfg.paths), read_stats, max_bad_fraction=cfg.max_bad_fraction), limit)
     elif cfg.corpus == "noteevents":
         st = corpora.ReadStats()
         read_stats.append(st)
         yield from _capped(documents.noteevents_documents(
             cfg.paths[0], categories=cfg.noteevents_categories,
-            max_sentence_chars=cfg.max_sentence_chars, stats=st), limit)
+            max_sentence_chars=cfg.max_sentence_chars, stats=st,
+            max_bad_fraction=cfg.max_bad_fraction), limit)
     elif cfg.corpus == "synthetic":
         yield from documents.synthetic_documents(cfg.synthetic_num_notes,
                                                  seed=cfg.synthetic_seed,

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import pathlib
+import shutil
 import tempfile
 from typing import Any, Mapping
 
@@ -48,6 +49,10 @@ _OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
 
 class CheckpointError(ValueError):
     """A HF folder that cannot be read as BERT; the message names the file and the key."""
+
+
+class ExportError(ValueError):
+    """An export destination that cannot be used; the message names the folder."""
 
 
 # ----------------------------------------------------------------------------- names and layouts
@@ -286,19 +291,74 @@ def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any
     return "\n".join(lines)
 
 
+def looks_like_hf_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a Hugging Face model (config.json and weights): the only kind of
+    non-empty folder `save_pretrained` replaces."""
+    folder = pathlib.Path(path)
+    return (folder / "config.json").is_file() and any(
+        (folder / name).is_file() for name in (*WEIGHT_FILES, "model.safetensors.index.json"))
+
+
+def check_export_destination(path: str | os.PathLike, *, overwrite: bool) -> None:
+    """Raises ExportError unless `path` can receive an export: absent, an empty folder, or (with
+    `overwrite`) a previous Hugging Face export; its parent must be writable."""
+    out = pathlib.Path(path)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: is a file; the export needs a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(
+                f"{out}: is not empty; an export into it would mix the files of two models "
+                "(e.g. a stale tokenizer.json); choose an empty or new folder, or pass "
+                "--overwrite to replace a previous export")
+        if not looks_like_hf_folder(out):
+            raise ExportError(
+                f"{out}: is not empty and is not a Hugging Face model folder (no config.json + "
+                "weights); not replacing it even with --overwrite")
+    parent = out.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportError(f"{out}: cannot be created ({parent} is a file)")
+    if not _writable(parent):
+        raise ExportError(f"{out}: cannot be written ({parent} is read-only for this user)")
+
+
+def _writable(folder: pathlib.Path) -> bool:
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
+            return True
+    except OSError:
+        return False
+
+
 def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike,
                     vocab_file: str | os.PathLike, *, do_lower_case: bool = True,
                     model_max_length: int | None = None,
                     privacy_report: Mapping[str, Any] | None = None,
-                    source: str | None = None) -> pathlib.Path:
+                    source: str | None = None, overwrite: bool = True) -> pathlib.Path:
     """Writes a HF BERT folder that `transformers.BertForPreTraining.from_pretrained` loads.
 
     Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
     card with a privacy section; `privacy_report` is the training's report when there is one),
     and vocab_privacy.json when the vocabulary has one beside it (only its shippable fields:
     its privacy cost then travels with the vocabulary into runs that start from this folder).
-    All files are written to a temporary folder first and moved in at the end, so a failure
-    leaves an existing `path` as it was.
+
+    The folder is replaced as a whole, never merged: everything is written to a sibling
+    temporary folder, which then takes the place of `path` by renames (the previous export is
+    moved aside first and deleted last, and put back if the swap fails). So a reader sees the
+    old export or the new one, never a mix (no stale tokenizer.json of another vocabulary
+    beside these weights), and a failure before the swap leaves `path` as it was.
+
+    Args:
+      overwrite: whether an existing non-empty `path` may be replaced (it must then be a
+        Hugging Face export: `looks_like_hf_folder`). Training's own WORKDIR/hf relies on the
+        default; `launch/export_hf.py` passes its --overwrite flag.
+
+    Raises:
+      ExportError: `path` is a file, not empty (without `overwrite`), not a HF folder, or not
+        writable.
+      ValueError: the vocabulary does not match the model.
     """
     from safetensors.numpy import save_file
 
@@ -308,7 +368,7 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         raise ValueError(f"{vocab_file}: has {len(vocab)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}")
     out = pathlib.Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    check_export_destination(out, overwrite=overwrite)
     tensors = state_dict(model)
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
@@ -319,8 +379,13 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     }
     card = model_card(config, privacy_report=privacy_report, source=source,
                       num_params=model_lib.count_params(model), do_lower_case=do_lower_case)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-export-") as tmp:
-        tmp = pathlib.Path(tmp)
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-export-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
+    try:
         (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
@@ -330,18 +395,38 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         if vocab_report.is_file():
             public = report_lib.public_vocab_report(json.loads(vocab_report.read_text()))
             (tmp / VOCAB_REPORT).write_text(json.dumps(public, indent=2) + "\n")
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-    # A stale pytorch_model.bin would shadow nothing (safetensors wins) but confuses readers.
-    stale = out / "pytorch_model.bin"
-    if stale.exists():
-        stale.unlink()
+        _swap_in(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike) -> pathlib.Path:
-    """Round-trips a HF BERT folder through dpbert (load, then save)."""
+def _swap_in(new: pathlib.Path, out: pathlib.Path) -> None:
+    """Puts folder `new` at `out` (same filesystem): the old `out`, if any, is renamed aside,
+    `new` renamed in, then the old one deleted; on failure the old one is put back."""
+    old = None
+    if out.exists():
+        old = pathlib.Path(tempfile.mkdtemp(dir=out.absolute().parent,
+                                            prefix=f".{out.name}.old-export-"))
+        os.rmdir(old)
+        os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
+                   overwrite: bool = False) -> pathlib.Path:
+    """Round-trips a HF BERT folder through dpbert (load, then save; `overwrite` as for
+    `save_pretrained`, checked before the source is loaded)."""
     src = pathlib.Path(src)
+    check_export_destination(dst, overwrite=overwrite)
     model, _ = load_pretrained(src)
     do_lower_case = True
     tok_cfg = src / "tokenizer_config.json"
@@ -350,4 +435,5 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike) -> pathlib.Pa
     vocab = src / "vocab.txt"
     if not vocab.is_file():
         raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
-    return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src))
+    return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
+                           overwrite=overwrite)

@@ -20,18 +20,21 @@ import sys
 from absl import app, flags, logging
 
 from data_pipelines import corpora, dp_vocab
+from dpbert import cli
 
 _INPUT = flags.DEFINE_string("input", None, "Corpus file (.gz allowed).")
 _FORMAT = flags.DEFINE_enum("format", "text", list(dp_vocab.FORMATS),
                             "text: one sentence per line, blank line between documents "
                             "(example = document); noteevents: MIMIC-III NOTEEVENTS.csv "
                             "(example = note).")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", None, "Number of lines of vocab.txt.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", None, "Number of lines of vocab.txt.",
+                                   lower_bound=1)
 _EPSILON = flags.DEFINE_float("epsilon", None, "Example-level epsilon (add/remove one "
                               "example). Required unless --no_dp.")
 _DELTA = flags.DEFINE_float("delta", None, "Example-level delta. Required unless --no_dp.")
 _K = flags.DEFINE_integer("max_words_per_example", 64,
-                          "K: distinct words one example may contribute (each once).")
+                          "K: distinct words one example may contribute (each once).",
+                          lower_bound=1)
 _OUT = flags.DEFINE_string("out", None, "Output folder (must not hold a vocabulary).")
 _NO_DP = flags.DEFINE_boolean("no_dp", False, "Build the NON-private vocabulary from raw "
                               "counts (for comparison only).")
@@ -40,12 +43,17 @@ _LOWER = flags.DEFINE_boolean("do_lower_case", True, "Uncased BERT normalisation
 _SEED = flags.DEFINE_integer("seed", None, "Seed for bounding and noise: reproducible "
                              "builds only; leave unset for a release (OS entropy).")
 _WORKERS = flags.DEFINE_integer("num_workers", min(os.cpu_count() or 1, 8),
-                                "Processes that count words.")
+                                "Processes that count words.", lower_bound=1)
 _ACCOUNTING = flags.DEFINE_enum("accounting", "pld", list(dp_vocab.ACCOUNTING_MODES),
                                 "pld: tight PLD analysis of the K-bounded histogram; "
                                 "basic: Hoory et al.'s eps'=eps/K, Lap(2/eps') recipe.")
 _NUM_UNUSED = flags.DEFINE_integer("num_unused", dp_vocab.DEFAULT_NUM_UNUSED,
-                                   "[unusedN] slots between [PAD] and [UNK] (99: BERT ids).")
+                                   "[unusedN] slots between [PAD] and [UNK] (99: BERT ids).",
+                                   lower_bound=0)
+_MAX_BAD = flags.DEFINE_float("max_bad_fraction", corpora.DEFAULT_MAX_BAD_FRACTION,
+                              "Largest share of corpus rows (text: lines) that may be "
+                              "unparseable (skipped); more is an error naming the first "
+                              "bad row's line.", lower_bound=0.0, upper_bound=1.0)
 
 flags.mark_flags_as_required(["input", "vocab_size", "out"])
 
@@ -62,10 +70,13 @@ def main(argv: list[str]) -> None:
             _EPSILON.value, _DELTA.value,
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
-            num_unused=_NUM_UNUSED.value, progress=True)
+            num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
+            min_learned_tokens=1)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
         print(f"build_vocab: error: {e}", file=sys.stderr)
         sys.exit(2)
+    for warning in result.report.get("warnings", ()):
+        print(f"build_vocab: WARNING: {warning}", file=sys.stderr)
     r = result.report
     what = (f"DP (epsilon={r['epsilon']}, delta={r['delta']}, K={r['K']}, "
             f"threshold={r['threshold']:.1f})" if r["dp"] else "NON-PRIVATE")
@@ -76,4 +87,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "build_vocab")

@@ -1,22 +1,29 @@
 r"""Exports a BERT to a Hugging Face folder that `transformers` loads.
 
-    python launch/export_hf.py --workdir=TRAINING_WORKDIR --out=DST [--step=S]
+    python launch/export_hf.py --workdir=TRAINING_WORKDIR --out=DST [--step=S] [--overwrite]
 
 exports a saved training step (default: the newest) with its privacy report in the model card;
 
-    python launch/export_hf.py --from_hf=SRC_HF_FOLDER --out=DST
+    python launch/export_hf.py --from_hf=SRC_HF_FOLDER --out=DST [--overwrite]
 
 round-trips a HF BERT folder through dpbert (load into the Flax model, write it back out).
+
+--out must be absent or empty; --overwrite replaces a previous export there as a whole (written
+beside it, then swapped in: no file of the old export survives, and a failure keeps the old one).
 """
 
 from absl import app, flags
 
-from dpbert import hf
+from dpbert import cli
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Source Hugging Face BERT folder.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A dpbert training workdir.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).")
-_OUT = flags.DEFINE_string("out", None, "Destination folder (created if absent).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export (default: the newest).",
+                             lower_bound=0)
+_OUT = flags.DEFINE_string("out", None, "Destination folder (created if absent; must be empty "
+                           "unless --overwrite).")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace a previous Hugging Face export in "
+                               "--out (as a whole; no stale files are kept).")
 flags.mark_flag_as_required("out")
 
 
@@ -27,16 +34,22 @@ def main(argv):
         raise app.UsageError("give exactly one source: --workdir=DIR or --from_hf=DIR")
     if _STEP.value is not None and not _WORKDIR.value:
         raise app.UsageError("--step applies to --workdir exports only")
+    from dpbert import hf  # here, so that --help is instant
+
     try:
+        # Checked before anything is loaded: a refusal costs no time and writes nothing.
+        hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value)
         if _WORKDIR.value:
             from dpbert import loop
             out = loop.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
         else:
-            out = hf.export_from_hf(_FROM_HF.value, _OUT.value)
+            out = hf.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)
     except (hf.CheckpointError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"export_hf: {e}") from None
+    except OSError as e:
+        raise SystemExit(f"export_hf: {e.filename or _OUT.value}: {e.strerror or e}") from None
     print(f"wrote {out}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "export_hf")

@@ -29,6 +29,7 @@ import sys
 
 from absl import app, flags
 
+from dpbert import cli
 from dpbert.dp import accounting, calibration
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
@@ -102,6 +103,9 @@ def _text(command: str, report: dict) -> str:
                  f"effective_noise_multiplier={report['effective_noise_multiplier']:.6g}")
     if not report["proven_bound"]:
         lines.append(f"  WARNING: {report['note']}")
+    elif accounting.COARSE_GRID_NOTE in report["note"]:
+        coarse = report["note"][report["note"].index(accounting.COARSE_GRID_NOTE):]
+        lines.append(f"  NOTE: {coarse}")
     return "\n".join(lines)
 
 
@@ -123,4 +127,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "privacy.py")

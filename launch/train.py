@@ -10,10 +10,10 @@ Everything else lives in the library: `dpbert.tasks.pretraining.train_and_evalua
 workdir)`, the pretraining task on the DP loop (`dpbert.loop`).
 """
 
-import logging as std_logging
-
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from dpbert import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True)
@@ -28,26 +28,22 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    problem = cli.check_output_dir(_WORKDIR.value, "--workdir")
+    if problem:
+        raise SystemExit(f"train: {problem}")
     # Imported here so that --help is instant and XLA flags set by the caller apply.
     from dpbert import sharding
     from dpbert.tasks import pretraining
-
-    # Keep the console to dpbert's own progress: libraries that log through absl (orbax, jax)
-    # show WARNING and above only.
-    std_logging.getLogger("absl").addFilter(_quiet_libraries)
 
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     logging.info("JAX: %d processes, %d devices (%s)", *_devices())
     try:
         pretraining.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except PermissionError as e:
+        raise SystemExit(f"train: {e.filename}: permission denied ({e.strerror})") from None
     except (FileNotFoundError, ValueError, OSError, FloatingPointError) as e:
         # One clear message for bad input; nothing already written is touched.
         raise SystemExit(f"train: {e}") from None
-
-
-def _quiet_libraries(record: std_logging.LogRecord) -> bool:
-    noisy = ("/orbax/", "/jax/", "/jaxlib/")
-    return record.levelno >= std_logging.WARNING or not any(n in record.pathname for n in noisy)
 
 
 def _devices():
@@ -56,4 +52,4 @@ def _devices():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "train")

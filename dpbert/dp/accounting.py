@@ -37,6 +37,22 @@ takes about 1-3 s.  Measured accuracy of the default grid: the epsilon of a
 calibrated sigma re-evaluated on a 10x finer grid is at most 1 % below the
 target (tests/dpbert/dp/test_accounting.py; 7.9925 for target 8 at 1M steps in
 BENCHMARKS.md), i.e. the grid costs at most ~1 % extra noise.
+
+Bounded PLD grids.  A tiny noise multiplier (sigma = 0.01) makes the privacy loss
+span ~1/sigma^2 nats: on the default grid one step's PLD has ~1e8 points and the
+composition runs for minutes and past 4 GB.  `pld_discretization_for` (`dpbert.dp.pld_grid`)
+therefore
+coarsens the grid (by powers of two, so grids stay nested) when one step's PLD
+would exceed `MAX_PLD_POINTS_SINGLE` points or the composed PLD
+`MAX_PLD_POINTS_COMPOSED` points (estimated on a coarse probe with dp_accounting's
+own truncation bounds).  A coarser pessimistic grid still gives an upper bound on
+epsilon, only a looser one; reports say so (`privacy_report`'s note).  For the
+noise multipliers of real runs (tested: sigma 0.3-1 at the demo's and MIMIC's
+sizes) the grid is the default and every epsilon is unchanged.  Too small a sigma
+(a grid coarser than 1 nat), more than 1e8 steps, or sigma above 1e6 are refused
+with the reason.  A sparse single-step PLD (large sigma) composed many times is
+composed on dp_accounting's dense path directly (`_accountant_equivalent_epsilon`,
+the same number), because its sparse path first computes size ** steps exactly.
 """
 
 from __future__ import annotations
@@ -52,6 +68,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpbert.dp import pld_grid
+from dpbert.dp.pld_grid import (COARSE_GRID_NOTE, MAX_NOISE_MULTIPLIER, MAX_PLD_STEPS,  # noqa: F401
+                                pld_discretization_for)
 from dpbert.dp.sampling import SAMPLING_MODES, check_int
 
 ACCOUNTANTS = ("pld", "rdp")
@@ -61,7 +80,7 @@ PRIVACY_UNITS = ("example", "patient", "document")
 
 # dp_accounting's own default grid; reported epsilons use it so they agree with a
 # plain `PLDAccountant()` computation.
-DEFAULT_PLD_DISCRETIZATION = 1e-4
+DEFAULT_PLD_DISCRETIZATION = pld_grid.DEFAULT_PLD_DISCRETIZATION
 # Relative tolerance of calibrated noise multipliers.
 CALIBRATION_RTOL = 1e-3
 
@@ -128,9 +147,14 @@ def effective_noise_multiplier(noise_multiplier: float, noise_mode: str = "globa
     _check_choice("noise_mode", noise_mode, NOISE_MODES)
     _check_positive("noise_multiplier", noise_multiplier)
     num_shards = check_int("num_shards", num_shards, minimum=1)
-    if noise_mode == "per_shard":
-        return noise_multiplier * math.sqrt(num_shards)
-    return float(noise_multiplier)
+    sigma = (noise_multiplier * math.sqrt(num_shards) if noise_mode == "per_shard"
+             else float(noise_multiplier))
+    if sigma > MAX_NOISE_MULTIPLIER:
+        raise ValueError(
+            f"noise_multiplier={noise_multiplier!r} (effective {sigma:g}) is above "
+            f"{MAX_NOISE_MULTIPLIER:g}: dp_accounting's arithmetic overflows there (its "
+            "epsilon would be ~0, and such noise drowns every gradient)")
+    return sigma
 
 
 # ----------------------------------------------------------------------------
@@ -273,7 +297,15 @@ class AccountingSpec:
 
     def epsilon(self, steps: int, *,
                 pld_discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
-        """Epsilon after `steps` logical steps at this spec's delta."""
+        """Epsilon after `steps` logical steps at this spec's delta (PLD: on the grid of
+        `pld_discretization(self, steps, ...)`, coarser only where the default explodes)."""
+        if self.accountant == "pld":
+            pld_discretization = pld_discretization_for(self, steps, pld_discretization)
+            single = _single_step_pld(self.effective_noise_multiplier, self.q,
+                                      self.num_examples, self.max_batch_size, pld_discretization)
+            if steps > 1 and pld_grid.sparse_self_compose_is_slow(single, steps):
+                return pld_grid.accountant_equivalent_epsilon(single, steps, self.delta,
+                                                      pld_discretization)
         return event_epsilon(self.event(steps), self.delta, self.accountant,
                              pld_discretization)
 
@@ -344,12 +376,17 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     Dense single-step PLDs are composed exactly as the accountant does.  Every
     calibrated value is re-checked with the real accountant.
     """
+    # One grid for every segment (PLDs compose only on the same grid): the coarsest needed.
+    discretization = max([pld_grid.bounded_discretization(
+        s.spec.effective_noise_multiplier, s.spec.q, s.spec.num_examples,
+        s.spec.max_batch_size, max(s.steps, 1), discretization) for s in prior] + [
+        pld_grid.bounded_discretization(sigma_eff, spec.q, spec.num_examples,
+                                        spec.max_batch_size, max(steps, 1), discretization)])
     composed = _composed_pld(sigma_eff, spec, steps, discretization)
-    if prior:
-        # Earlier segments of a resumed run (`dpbert.dp.ledger`), composed first.
-        for segment in prior:
-            earlier = _composed_pld(segment.spec.effective_noise_multiplier, segment.spec,
-                                    segment.steps, discretization)
+    for segment in prior:  # earlier segments of a resumed run (`dpbert.dp.ledger`)
+        earlier = _composed_pld(segment.spec.effective_noise_multiplier, segment.spec,
+                                segment.steps, discretization)
+        if earlier is not None:
             composed = earlier if composed is None else earlier.compose(composed)
     if composed is None:
         return 0.0
@@ -418,6 +455,12 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
         "Poisson sampling; epsilon is an upper bound from dp_accounting "
         f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
         f"{privacy_unit}s).")) + unit_note
+    if spec.accountant == "pld" and steps:
+        grid = pld_discretization_for(spec, steps)
+        if grid > DEFAULT_PLD_DISCRETIZATION:
+            note += (f" {COARSE_GRID_NOTE} ({DEFAULT_PLD_DISCRETIZATION:g}: minutes and "
+                     f"gigabytes); a coarser pessimistic grid ({grid:g}) was used: epsilon is "
+                     "still an upper bound, only a looser one.")
     return {
         "epsilon": float(epsilon),
         "delta": float(spec.delta),

@@ -17,6 +17,7 @@ import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
+from dpbert.dp.pld_grid import MAX_PLD_STEPS
 from dpbert.dp.sampling import check_int
 from dpbert.dp.accounting import (AccountingSpec, CALIBRATION_RTOL, _check_positive,
                                   _fast_pld_epsilon, compute_epsilon, effective_noise_multiplier,
@@ -150,7 +151,7 @@ def recalibrate_for_batch_size(*, noise_multiplier: float, old_batch_size: float
 # ----------------------------------------------------------------------------
 
 def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
-                            upper_limit: int = 10**8, prior: tuple = ()) -> int:
+                            upper_limit: int = MAX_PLD_STEPS, prior: tuple = ()) -> int:
     """Largest T <= upper_limit with spec.epsilon(T) <= target_epsilon (0 if none).
 
     Exact for `spec.epsilon` (the reported epsilon): epsilon(T) <= target <

@@ -274,7 +274,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
             dp_vocab.build_vocab(
                 data.paths[0], data.corpus, v.size, v.epsilon if v.dp else None,
                 v.delta if v.dp else None, v.max_words_per_example, out, dp=v.dp,
-                do_lower_case=data.do_lower_case, seed=v.seed, progress=False)
+                do_lower_case=data.do_lower_case, seed=v.seed, progress=False,
+                max_bad_fraction=data.max_bad_fraction)
         loop.sync("vocabulary")
     return str(out / "vocab.txt"), _vocab_report(out / "vocab.txt"), "built"
 

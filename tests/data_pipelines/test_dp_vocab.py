@@ -4,6 +4,7 @@ import collections
 import gzip
 import json
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -115,7 +116,11 @@ def test_per_word_conditions():
     dp_vocab.check_conditions(p, 10_000)
     with pytest.raises(dp_vocab.VocabError, match="at least 2 examples"):
         dp_vocab.check_conditions(p, 1)
-    with pytest.raises(dp_vocab.VocabError, match=r"per-word delta .*1/n"):
+    # delta >= 1/n: the same rule and words as training's accountant (the per-word
+    # delta' = delta/K < delta is then below 1/n too).
+    with pytest.raises(dp_vocab.VocabError,
+                       match=r"vocabulary delta=1e-06 must be < 1/num_examples = 1e-08 "
+                             r"\(num_examples=100000000\); a larger delta allows releasing"):
         dp_vocab.check_conditions(p, 10**8)
     big = dp_vocab.calibrate_histogram(50.0, 1e-9, 1, "basic")  # eps'=50 > ln n
     with pytest.raises(dp_vocab.VocabError, match=r"per-word epsilon .*ln n"):
@@ -320,7 +325,8 @@ def test_build_vocab_errors_leave_output_alone(synthetic_corpus, tmp_path):
     bad = [(dict(epsilon=-1.0), "epsilon"), (dict(delta=2.0), "delta"),
            (dict(vocab_size=10), "vocab_size=10"), (dict(fmt="csv"), "format"),
            (dict(num_workers=0), "num_workers"),
-           (dict(delta=0.5), r"per-word delta .* n=600")]  # checked after counting
+           (dict(delta=0.5), r"delta=0.5 must be < 1/num_examples = 0.00167 "
+                             r"\(num_examples=600\)")]  # checked after counting
     for kw, match in bad:
         args = dict(input_path=synthetic_corpus, fmt="text", vocab_size=1200, epsilon=8.0,
                     delta=1e-6, max_words_per_example=64, out_dir=fresh, progress=False)
@@ -369,3 +375,109 @@ def test_build_vocab_on_noteevents_sample(shared_data, tmp_path):
     tok = BertTokenizerFast(vocab=str(res.vocab_path))
     assert "pneumothorax" in tok.get_vocab() or "##thorax" in tok.get_vocab()
     assert tok.unk_token not in tok.tokenize("No acute cardiopulmonary process. ___ 2 cm.")
+
+
+# --------------------------------------------------------------------------- bad input (issue 16)
+
+
+def test_large_epsilon_calibrates():
+    """eps=100 was an IndexError inside dp_accounting (a search below its grid)."""
+    p = dp_vocab.calibrate_histogram(100.0, 1e-6, 64)
+    assert 1 / dp_vocab.MAX_PER_WORD_EPSILON < p.noise_scale < 64 / 100
+    assert dp_vocab.laplace_composition_epsilon(p.noise_scale, 64, p.delta_noise) <= 100.0
+
+
+def test_delta_below_pld_resolution_falls_back_to_basic_composition():
+    """delta=1e-300 was a ValueError from dp_accounting's root search (no bracket)."""
+    p = dp_vocab.calibrate_histogram(8.0, 1e-300, 64)
+    assert p.noise_scale == 64 / 8.0   # K Laplace(K/eps): (eps, 0)-DP by basic composition
+    assert p.threshold > 5000
+
+
+@pytest.mark.parametrize("epsilon", [1e4, 1e300])
+def test_huge_epsilon_refused_fast(synthetic_corpus, tmp_path, epsilon):
+    """eps=1e3..1e4 ran for minutes and grew past 3 GB in dp_accounting."""
+    import time
+    start = time.perf_counter()
+    with pytest.raises(dp_vocab.VocabError, match=r"per-word epsilon of 40, .* no corpus has ln n >= 40"):
+        dp_vocab.build_vocab(synthetic_corpus, "text", 1200, epsilon, 1e-6, 64,
+                             tmp_path / "out", progress=False)
+    assert time.perf_counter() - start < 10
+    assert not (tmp_path / "out").exists()
+    # The floor is a valid (noisier) calibration: by basic composition, K Laplace(b) are
+    # (K/b, 0)-DP and K/b <= epsilon.
+    p = dp_vocab.calibrate_histogram(epsilon, 1e-6, 64)
+    assert p.noise_scale == 1 / dp_vocab.MAX_PER_WORD_EPSILON and 64 / p.noise_scale <= epsilon
+
+
+def test_bad_sizes_and_outputs_refused(synthetic_corpus, tmp_path):
+    args = dict(input_path=synthetic_corpus, fmt="text", vocab_size=1200, epsilon=8.0,
+                delta=1e-6, max_words_per_example=64, out_dir=tmp_path / "o", progress=False)
+    for kw, match in [(dict(num_unused=-3), "num_unused must be an integer >= 0, got -3"),
+                      (dict(num_unused=2.5), "num_unused must be an integer"),
+                      (dict(vocab_size=0), "vocab_size must be an integer >= 1, got 0"),
+                      (dict(vocab_size=True), "vocab_size must be an integer"),
+                      (dict(vocab_size=10**9), "vocab_size=1000000000 is above 1000000"),
+                      (dict(max_words_per_example=10**6), r"must be an integer in \[1, 10000\]"),
+                      (dict(num_workers=10**4), r"num_workers must be an integer in \[1, "),
+                      (dict(max_words_per_example=True), "max_words_per_example"),
+                      (dict(accounting="rdp"), "accounting must be one of")]:
+        with pytest.raises(dp_vocab.VocabError, match=match):
+            dp_vocab.build_vocab(**{**args, **kw})
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(dp_vocab.VocabError, match="exists and is not a folder"):
+        dp_vocab.build_vocab(**{**args, "out_dir": a_file})
+    with pytest.raises(dp_vocab.VocabError, match="is a file"):
+        dp_vocab.build_vocab(**{**args, "out_dir": a_file / "sub"})
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    # root ignores permission bits: then a read-only mount stands in.
+    ro_out = ro / "vocab" if os.getuid() != 0 else pathlib.Path("/sys/dpbert_vocab")
+    try:
+        with pytest.raises(dp_vocab.VocabError, match="read-only"):
+            dp_vocab.build_vocab(**{**args, "out_dir": ro_out})
+    finally:
+        ro.chmod(0o700)
+
+
+def test_wrong_format_binary_and_tiny_corpora_refused(tmp_path):
+    csv_path = tmp_path / "NOTEEVENTS.csv"
+    csv_path.write_text(",".join(corpora.NOTEEVENTS_COLUMNS) + "\n"
+                        + '1,2,3,,,,Radiology,X,,,"some note"\n')
+    with pytest.raises(corpora.CorpusError, match="NOTEEVENTS header.*'noteevents'"):
+        dp_vocab.build_vocab(csv_path, "text", 1200, 8.0, 1e-6, 64, tmp_path / "a",
+                             progress=False)
+    binary = tmp_path / "garbage.bin"
+    binary.write_bytes(np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8)
+                       .tobytes())
+    with pytest.raises(corpora.CorpusError, match="cannot be parsed"):
+        dp_vocab.build_vocab(binary, "text", 1200, 8.0, 1e-6, 64, tmp_path / "b",
+                             progress=False)
+    # 30 documents: no word is used by ~90 examples, so nothing survives the threshold.
+    tiny = _synthetic_corpus(tmp_path / "tiny.txt.gz", num_docs=30, secret_docs=0,
+                             planted_docs=30)
+    with pytest.raises(dp_vocab.VocabError,
+                       match=r"0 learned tokens: \d+ word\(s\) survived .* about \d+ of the 30 "
+                             r"examples use it"):
+        dp_vocab.build_vocab(tiny, "text", 1200, 8.0, 1e-6, 64, tmp_path / "c",
+                             progress=False, seed=0, min_learned_tokens=1)
+    assert not (tmp_path / "c").exists()
+    # min_learned_tokens=0 (training's default for now): built, with a warning that says so.
+    res = dp_vocab.build_vocab(tiny, "text", 1200, 8.0, 1e-6, 64, tmp_path / "c",
+                               progress=False, seed=0)
+    assert res.report["num_learned_tokens"] == 0
+    assert res.report["warnings"][0].startswith("DP vocabulary too small to be useful? only 0 "
+                                                "learned tokens")
+
+
+def test_small_dp_vocab_warns_with_numbers(synthetic_corpus, tmp_path):
+    res = dp_vocab.build_vocab(synthetic_corpus, "text", 8000, 8.0, 1e-6, 64, tmp_path / "v",
+                               progress=False, seed=0)
+    (warning,) = res.report["warnings"]
+    learned = res.report["num_learned_tokens"]
+    slots = 8000 - dp_vocab.min_vocab_size()
+    assert f"only {learned} learned tokens for {slots} slots" in warning
+    assert "of the 600 examples use it" in warning
+    assert json.loads(res.privacy_path.read_text())["warnings"] == [warning]

@@ -249,6 +249,71 @@ def test_vocab_size_mismatch_is_refused_and_existing_export_kept(hf_folder, tmp_
     assert (out_dir / "config.json").read_text() == "keep me"
 
 
+EXPORT_FILES = ["README.md", "config.json", "model.safetensors", "tokenizer_config.json",
+                "vocab.txt"]
+
+
+def test_export_replaces_a_previous_export_as_a_whole(hf_folder, tmp_path, monkeypatch):
+    """A stale tokenizer.json (30522 tokens) beside a new 211-token model was a silent wrong
+    result: a non-empty --out is refused, and --overwrite replaces the folder as a whole."""
+    folder, _ = hf_folder
+    model, _ = hf.load_pretrained(folder)
+    out = tmp_path / "export"
+    hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
+    assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES
+    (out / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"w": 30521}}}))
+    with pytest.raises(hf.ExportError, match="is not empty.*--overwrite"):
+        hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
+    assert (out / "tokenizer.json").exists()
+    hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES  # the stale file is gone
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # a normal folder, not mkdtemp's 0700
+    assert transformers.BertConfig.from_pretrained(out).vocab_size == 211
+    # A failure while writing (disk full) keeps the previous export and leaves no debris.
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    import safetensors.numpy
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_export_destination_errors(tmp_path):
+    check = hf.check_export_destination
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(hf.ExportError, match="is a file; the export needs a folder"):
+        check(a_file, overwrite=True)
+    with pytest.raises(hf.ExportError, match=r"cannot be created \(.*file is a file\)"):
+        check(a_file / "sub", overwrite=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("not a model")
+    # --overwrite never deletes a folder that is not a model export (e.g. --out=. by mistake).
+    with pytest.raises(hf.ExportError, match="not a Hugging Face model folder"):
+        check(home, overwrite=True)
+    check(tmp_path / "new" / "deeper", overwrite=False)   # absent: fine
+    (tmp_path / "empty").mkdir()
+    check(tmp_path / "empty", overwrite=False)             # empty: fine
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    # root ignores permission bits: then a read-only mount stands in.
+    target = ro / "out" if os.getuid() != 0 else pathlib.Path("/sys/dpbert_export")
+    try:
+        with pytest.raises(hf.ExportError, match="read-only"):
+            check(target, overwrite=False)
+    finally:
+        ro.chmod(0o700)
+
+
 # --------------------------------------------------------------------------- real weights (MiniLM)
 
 SENTENCES = [
@@ -303,3 +368,17 @@ def test_export_cli_reports_bad_source(tmp_path):
                    f"--out={tmp_path / 'o'}")
     assert proc.returncode != 0
     assert "config.json: missing" in proc.stderr
+
+
+def test_export_cli_refuses_a_non_empty_out_in_one_line(hf_folder, tmp_path):
+    folder, _ = hf_folder
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tokenizer.json").write_text("{}")
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={folder}", f"--out={out}")
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"export_hf: {out}: is not empty; an export into it would mix the files of two models "
+        "(e.g. a stale tokenizer.json); choose an empty or new folder, or pass --overwrite to "
+        "replace a previous export"]
+    assert [p.name for p in out.iterdir()] == ["tokenizer.json"]

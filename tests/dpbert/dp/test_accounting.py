@@ -9,7 +9,7 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpbert.dp import accounting, calibration
+from dpbert.dp import accounting, calibration, pld_grid
 
 # (noise_multiplier, q, steps, delta)
 FIXTURES = [
@@ -269,3 +269,81 @@ def test_run_secrets_round_trip_and_hide_their_values():
     seeded = randomness.RunSecrets.seeded(5)
     assert not seeded.secret and seeded == randomness.RunSecrets.seeded(5)
     assert randomness.for_run(True, 5) == seeded and randomness.for_run(False, 5).secret
+
+
+# ----------------------------------------------------------------------------
+# Tiny noise multipliers: bounded time and memory, still upper bounds (issue 16)
+# ----------------------------------------------------------------------------
+
+def _clear_grid_caches():
+    for f in (pld_grid.bounded_discretization, pld_grid._probe_pmfs,
+              pld_grid._single_step_loss_range, accounting._single_step_pld):
+        f.cache_clear()
+
+
+def test_tiny_sigma_is_bounded_and_says_so():
+    """sigma=0.01 ran for minutes and grew past 4 GB (a ~1e8-point PLD grid); the epsilon
+    itself is computed in tests/launch/test_launchers.py (privacy.py, timed)."""
+    spec = accounting.AccountingSpec(noise_multiplier=0.01, expected_batch_size=10,
+                                     num_examples=1000, delta=1e-5, max_batch_size=20)
+    start = time.perf_counter()
+    grid = accounting.pld_discretization_for(spec, 10)
+    assert time.perf_counter() - start < 10
+    assert grid > accounting.DEFAULT_PLD_DISCRETIZATION
+    width = pld_grid._single_step_loss_range(0.01, 0.01, 1000, 20)
+    assert width / grid <= pld_grid.MAX_PLD_POINTS_SINGLE
+    report = accounting.privacy_report(spec, 10, clip_norm=1.0, epsilon=1e4)
+    assert accounting.COARSE_GRID_NOTE in report["note"] and f"({grid:g})" in report["note"]
+    # Too small to account at all: a clear refusal, not a hang or an overflow.
+    with pytest.raises(ValueError, match=r"noise multiplier 0.001 \(effective\) is too small"):
+        spec.replace(noise_multiplier=0.001).epsilon(10)
+    # 1e12 steps never returned (dp_accounting computes size ** steps); RDP still answers.
+    big = accounting.AccountingSpec(1.0, 131072, 83_000_000, 1e-8)
+    with pytest.raises(ValueError, match=r"steps=1000000000000 is more than the PLD .*'rdp'"):
+        big.epsilon(10**12)
+    assert big.replace(accountant="rdp").epsilon(10**12) > 1e3
+
+
+def test_normal_sigma_keeps_the_default_grid():
+    for spec, steps in [(accounting.AccountingSpec(1.0, 128, 17316, 1e-5, max_batch_size=192),
+                         200),
+                        (accounting.AccountingSpec(1.0, 131072, 83_000_000, 1e-8), 10_000),
+                        (accounting.AccountingSpec(0.3, 128, 17316, 1e-5), 200)]:
+        assert accounting.pld_discretization_for(spec, steps) == 1e-4
+        assert accounting.COARSE_GRID_NOTE not in accounting.privacy_report(
+            spec, steps, clip_norm=1.0, epsilon=1.0)["note"]
+
+
+def test_coarsened_grid_is_still_an_upper_bound(monkeypatch):
+    """With tiny limits a normal sigma gets a coarse grid: its epsilon must not be below the
+    default grid's (pessimistic discretization), nor far above it."""
+    spec = accounting.AccountingSpec(1.0, 100, 10_000, 1e-6)
+    exact = pld_privacy_accountant.PLDAccountant().compose(spec.event(300)).get_epsilon(1e-6)
+    _clear_grid_caches()
+    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_SINGLE", 5_000)
+    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_COMPOSED", 20_000)
+    try:
+        grid = accounting.pld_discretization_for(spec, 300)
+        assert grid >= 16e-4
+        coarse = spec.epsilon(300)
+        fast = accounting.progress_epsilon(spec, 300)
+    finally:
+        _clear_grid_caches()
+    assert exact <= coarse < 1.2 * exact
+    assert fast == pytest.approx(coarse, rel=1e-6)
+
+
+def test_many_steps_of_a_sparse_pld_do_not_hang_and_match_the_accountant():
+    """sigma=5 at 1e7 steps never returned: dp_accounting computes size ** steps exactly for a
+    sparse single-step PMF before converting it to dense. Taking its dense path directly gives
+    the accountant's epsilon bit for bit."""
+    spec = accounting.AccountingSpec(50.0, 131072, 83_000_000, 1e-8)
+    single = accounting._single_step_pld(50.0, spec.q, spec.num_examples, None, 1e-4)
+    assert pld_grid.sparse_self_compose_is_slow(single, 100_000)
+    direct = pld_grid.accountant_equivalent_epsilon(single, 100_000, 1e-8, 1e-4)
+    assert direct == pld_privacy_accountant.PLDAccountant().compose(
+        spec.event(100_000)).get_epsilon(1e-8)
+    assert spec.epsilon(100_000) == direct
+    start = time.perf_counter()
+    assert 0 < spec.epsilon(10**7) < float("inf")
+    assert time.perf_counter() - start < 60

@@ -1,0 +1,205 @@
+"""What every launcher (`launch/*.py`) shares: one-line errors and a readable console.
+
+    from dpbert import cli
+    ...
+    if __name__ == "__main__":
+        cli.run(main, "train")
+
+`run` is `absl.app.run` with four differences, so that a new user's first mistakes each get ONE
+clear line instead of a traceback or a page of help:
+
+* `--help` (and `-h`, `--helpshort`, `--helpfull`) print the help and exit 0 (absl exits 1);
+* a bad flag, a missing `--config` file, an unknown config field (absl's "did you mean" hint
+  kept), a bad `configs/x.py:ARG`, or an `app.UsageError` raised by `main` print
+  `NAME: error: ...` on one line and exit 2;
+* log lines of jax/orbax below WARNING are dropped (e.g. "Unable to initialize backend 'tpu':
+  ... libtpu.so ..." on every CPU run);
+* a log line written while a tqdm progress bar is on screen clears the bar, prints the line, and
+  redraws the bar below it, so bars and log lines never share a line.
+
+This module imports only absl and the standard library (`--help` stays instant).
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import re
+import sys
+from typing import Callable, Sequence
+
+from absl import app, flags
+from absl import logging
+
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort", "--helpfull",
+              "-helpfull")
+# Library code whose INFO/DEBUG log lines are noise on the console.
+_NOISY_PATHS = ("/orbax/", "/jax/", "/jaxlib/", "/flax/")
+_NOISY_LOGGERS = ("jax", "jaxlib", "orbax", "flax")
+
+
+def fail(name: str, message: str, code: int = 2) -> None:
+    """Prints `NAME: error: MESSAGE` as one line on stderr and exits with `code`."""
+    print(f"{name}: error: {one_line(message)}", file=sys.stderr)
+    sys.exit(code)
+
+
+def one_line(message: str) -> str:
+    """A multi-line message (a nested traceback, a config loader's report) as one line: the
+    last `SomeError: text` line if there is one, else the lines joined with '; '."""
+    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    if not lines:
+        return str(message)
+    errors = [ln for ln in lines if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln)]
+    if errors:
+        return errors[-1].split(": ", 1)[1]
+    return "; ".join(lines)
+
+
+def run(main: Callable[[list[str]], object], name: str,
+        argv: Sequence[str] | None = None) -> None:
+    """`absl.app.run(main)` with one-line errors and a quiet console (see the module doc);
+    `argv` defaults to sys.argv."""
+
+    def wrapped(argv: list[str]) -> object:
+        setup_console()
+        try:
+            return main(argv)
+        except app.UsageError as e:
+            fail(name, f"{e} (see --help)")
+        return None
+
+    app.run(wrapped, argv=None if argv is None else list(argv),
+            flags_parser=lambda args: parse_flags(args, name))
+
+
+def parse_flags(argv: Sequence[str], name: str) -> list[str]:
+    """Parses flags like absl, but every problem is one line (exit 2) and --help exits 0."""
+    args = list(argv)
+    if any(a in HELP_FLAGS for a in args[1:]):
+        # absl's own help flags exit 1; a help request is not an error.
+        full = any(a.lstrip("-") == "helpfull" for a in args[1:])
+        app.usage(shorthelp=not full, writeto_stdout=True, exitcode=0)
+    _check_config_files(args, name)
+    try:
+        rest = flags.FLAGS(args)
+        # config_flags defers a failed config load (a missing file, an exception in
+        # get_config) until the value is read; read it now, while errors are still flag errors.
+        for flag in flags.FLAGS._flags().values():  # noqa: SLF001 - no public iterator
+            if type(flag).__name__ == "_ConfigFlag":
+                flag.value  # noqa: B018
+        return rest
+    except flags.Error as e:
+        fail(name, f"{one_line(str(e))} (see --help)")
+    except (AttributeError, KeyError) as e:
+        fail(name, _unknown_field_message(e, args))
+    except (OSError, ValueError, TypeError) as e:
+        fail(name, one_line(str(e)))
+    raise AssertionError("unreachable")
+
+
+def _check_config_files(args: Sequence[str], name: str) -> None:
+    """`--config=PATH[:ARG]` whose PATH is missing: one line naming it."""
+    for i, a in enumerate(args):
+        value = None
+        if a.startswith("--config="):
+            value = a.split("=", 1)[1]
+        elif a == "--config" and i + 1 < len(args):
+            value = args[i + 1]
+        if value is None:
+            continue
+        path = value.split(":", 1)[0]
+        if os.path.isdir(path):
+            fail(name, f"--config={value}: {path} is a directory; give a config file "
+                       "(e.g. configs/demo_dp.py)")
+        if not os.path.isfile(path):
+            fail(name, f"--config={value}: config file {path} not found (configs/*.py)")
+
+
+def _unknown_field_message(e: BaseException, args: Sequence[str]) -> str:
+    """`--config.dp.noise_multiplierr=2` -> one line naming the override and absl's hint."""
+    text = str(e.args[0] if e.args else e).replace("\\n", "\n").replace("\\'", "'")
+    text = text.strip("'\" \n")
+    lines = [ln.strip("'\" ") for ln in text.splitlines() if ln.strip("'\" ")]
+    key = lines[0] if lines else "?"
+    hint = next((ln for ln in lines if ln.lower().startswith("did you mean")), "")
+    override = next((a.split("=", 1)[0] for a in args
+                     if a.startswith("--config.") and key in a.split("=", 1)[0].split(".")),
+                    "")
+    where = f"{override}: " if override else ""
+    return (f"{where}unknown config field {key!r}"
+            + (f"; {hint[0].lower()}{hint[1:]}" if hint else "")
+            + " (fields: see the config file and configs/common.py)")
+
+
+def writable(folder: str) -> bool:
+    """Whether a file can be created in `folder` (tried: permission bits do not tell for root
+    or for read-only mounts)."""
+    import tempfile  # noqa: PLC0415
+
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
+            return True
+    except OSError:
+        return False
+
+
+class _QuietLibraries(std_logging.Filter):
+    """Drops INFO/DEBUG records from jax/orbax/flax (kept: WARNING and above)."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.levelno >= std_logging.WARNING:
+            return True
+        if record.name.split(".")[0] in _NOISY_LOGGERS:
+            return False
+        return not any(p in record.pathname for p in _NOISY_PATHS)
+
+
+def setup_console() -> None:
+    """Quiet library logs; keep log lines and tqdm progress bars on separate lines."""
+    handler = logging.get_absl_handler()
+    # A handler filter sees records of every logger (jax's own logger propagates to the root
+    # logger where absl's handler sits); a logger filter would not.
+    if not any(isinstance(f, _QuietLibraries) for f in handler.filters):
+        handler.addFilter(_QuietLibraries())
+    # absl's handler hands each record to its python handler's handle(), which calls that
+    # handler's emit: wrap that one.
+    target = handler.python_handler
+    if getattr(target.emit, "_tqdm_safe", False):
+        return
+    emit = target.emit
+
+    def tqdm_safe_emit(record: std_logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")  # only if some code uses tqdm already
+        if tqdm is None or not getattr(tqdm.tqdm, "_instances", None):
+            emit(record)
+            return
+        # Clears the bars on stderr, writes the line, redraws the bars below it.
+        with tqdm.tqdm.external_write_mode(file=sys.stderr):
+            emit(record)
+
+    tqdm_safe_emit._tqdm_safe = True  # type: ignore[attr-defined]
+    target.emit = tqdm_safe_emit  # type: ignore[method-assign]
+
+
+def check_output_dir(path: str, flag: str, *, must_be_empty: bool = False) -> str | None:
+    """Why `path` cannot be an output folder (None if it can): a file, a read-only folder, or a
+    parent that is a file or read-only. With `must_be_empty`, a non-empty folder too. Remote
+    paths (gs://...) are not checked here."""
+    if "://" in path:
+        return None
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{flag}={path}: is a file, not a folder"
+    existing = path
+    while existing and not os.path.exists(existing):
+        parent = os.path.dirname(existing.rstrip("/")) or "."
+        if parent == existing:
+            break
+        existing = parent
+    if not os.path.isdir(existing):
+        return f"{flag}={path}: cannot be created ({existing} is a file)"
+    if not writable(existing):
+        return f"{flag}={path}: not writable ({existing} is read-only for this user)"
+    if must_be_empty and os.path.isdir(path) and os.listdir(path):
+        return f"{flag}={path}: is not empty"
+    return None

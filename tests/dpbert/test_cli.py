@@ -1,0 +1,81 @@
+"""dpbert/cli.py: what every launcher shares (one-line errors, a readable console)."""
+
+import logging as std_logging
+import os
+import pathlib
+import re
+import sys
+
+import tqdm
+from absl import logging
+
+from dpbert import cli
+
+
+def test_one_line():
+    nested = ("Traceback (most recent call last):\n  File \"configs/x.py\", line 3\n"
+              "ValueError: configs/x.py: unknown config arg 'sise'\n")
+    assert cli.one_line(nested) == "configs/x.py: unknown config arg 'sise'"
+    assert cli.one_line("a\n\nb") == "a; b"
+
+
+def test_unknown_field_keeps_the_hint():
+    e = AttributeError('\'noise_multiplierr\'\nDid you mean "noise_multiplier" instead of '
+                       '"noise_multiplierr"?')
+    msg = cli._unknown_field_message(e, ["x", "--config.dp.noise_multiplierr=2"])
+    assert msg.startswith("--config.dp.noise_multiplierr: unknown config field "
+                          "'noise_multiplierr'; did you mean \"noise_multiplier\"")
+
+
+def test_check_output_dir(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    assert "is a file" in cli.check_output_dir(str(a_file), "--out")
+    assert "cannot be created" in cli.check_output_dir(str(a_file / "sub"), "--out")
+    assert cli.check_output_dir(str(tmp_path / "new" / "deeper"), "--out") is None
+    assert cli.check_output_dir("gs://bucket/run", "--workdir") is None
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert "is not empty" in cli.check_output_dir(str(tmp_path / "full"), "--out",
+                                                  must_be_empty=True)
+    ro = "/sys/dpbert_cli" if os.getuid() == 0 else str(_read_only(tmp_path) / "sub")
+    assert "not writable" in cli.check_output_dir(ro, "--workdir")
+
+
+def _read_only(tmp_path: pathlib.Path) -> pathlib.Path:
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    return ro
+
+
+def test_log_lines_and_progress_bars_use_separate_lines(capsys):
+    """'tokenizing: 1536 docs [00:02, 676 docs/s]I1123 ... corpora.py] ...' on one line."""
+    attached = logging.get_absl_handler() in std_logging.root.handlers
+    logging.use_absl_handler()  # what app.run does; undone below for the other tests
+    try:
+        cli.setup_console()
+        logging.warning("first line")  # absl's one-time "Logging before flag parsing" notice
+        bar = tqdm.tqdm(total=10, file=sys.stderr, desc="tokenizing", mininterval=0)
+        bar.update(3)
+        logging.warning("a log line while the bar is on screen")
+        bar.update(3)
+        bar.close()
+    finally:
+        if not attached:
+            std_logging.root.removeHandler(logging.get_absl_handler())
+    err = capsys.readouterr().err
+    (line,) = [piece for piece in re.split(r"[\r\n]", err) if "a log line" in piece]
+    assert line.startswith("W") and "tokenizing" not in line, repr(err)
+    assert "tokenizing" in err  # the bar is still drawn
+
+
+def test_library_info_logs_are_dropped_warnings_kept():
+    quiet = cli._QuietLibraries()
+    rec = lambda name, level, path: std_logging.LogRecord(  # noqa: E731
+        name, level, path, 1, "msg", None, None)
+    tpu = rec("jax._src.xla_bridge", std_logging.INFO,
+              "/site-packages/jax/_src/xla_bridge.py")  # "Unable to initialize backend 'tpu'"
+    assert not quiet.filter(tpu)
+    assert not quiet.filter(rec("absl", std_logging.INFO, "/site-packages/orbax/x.py"))
+    assert quiet.filter(rec("jax._src.xla_bridge", std_logging.WARNING, "/jax/x.py"))
+    assert quiet.filter(rec("absl", std_logging.INFO, "/repo/data_pipelines/corpora.py"))

@@ -1,0 +1,265 @@
+"""Every launcher, fed a hostile new user's input: --help exits 0, each mistake is ONE line.
+
+Each launcher runs in one subprocess (its imports cost seconds) that drives many command
+lines through the real entry point, `dpbert.cli.run(main, NAME, argv)`, what
+`python launch/NAME.py ARGS` does, and reports exit code, stdout and stderr per case.
+"""
+
+import gzip
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+_DRIVER = r"""
+import contextlib, io, json, sys, time, types
+from absl import flags
+from dpbert import cli
+script, name, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+# The launcher becomes __main__ (its docstring is the help, its flags the main module's), all
+# but its `if __name__ == "__main__":` block, which each case replaces with cli.run(...).
+sys.argv = [script]
+source = open(script, encoding="utf-8").read().split('\nif __name__ == "__main__":')[0]
+mod = types.ModuleType("__main__")
+mod.__file__ = script
+sys.modules["__main__"] = mod
+exec(compile(source, script, "exec"), mod.__dict__)
+results = []
+for args in cases:
+    flags.FLAGS.unparse_flags()
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            cli.run(mod.main, name, [script, *args])
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else (print(e.code, file=sys.stderr) or 1))
+        except BaseException as e:  # a traceback: reported, and the test fails on it
+            import traceback; traceback.print_exc(); code = "traceback"
+    results.append([code, out.getvalue(), err.getvalue(), time.perf_counter() - start])
+print(json.dumps(results))
+"""
+
+
+def drive(launcher: str, name: str, cases: list[list[str]]) -> list[tuple]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    proc = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(REPO / "launch" / launcher), name,
+         json.dumps(cases)], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [tuple(r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]  # code, out, err, s
+
+
+def run_cli(launcher: str, *args: str) -> tuple:
+    """One real `python launch/LAUNCHER ARGS` (needed where sys.argv at import time matters:
+    config_flags registers the --config.* override flags from it)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / launcher), *args],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def one_error_line(result, code=None) -> str:
+    """The single line a failing case printed (log lines of the libraries excluded)."""
+    got_code, out, err = result[:3]
+    assert got_code != "traceback", err
+    assert got_code != 0 and (code is None or got_code == code), result
+    # Progress bars (tqdm: "name: 40ex [00:01, 34ex/s]") may precede the message.
+    lines = [ln for ln in err.splitlines() if ln.strip() and not re.search(r"\[\d\d:\d\d", ln)]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def read_only_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A folder nobody can write into (root ignores permission bits: a read-only mount)."""
+    if os.getuid() == 0:
+        return pathlib.Path("/sys/dpbert_test")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    return ro / "sub"
+
+
+def test_train_launcher(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    demo = "--config=configs/demo_dp.py"
+    cases = {
+        "help": ["--help"],
+        "helpfull": ["--helpfull"],
+        "missing config": ["--config=configs/nope.py", f"--workdir={tmp_path / 'w'}"],
+        "config dir": ["--config=configs", f"--workdir={tmp_path / 'w'}"],
+        "ignored arg": ["--config=configs/demo_dp.py:ARG", f"--workdir={tmp_path / 'w'}"],
+        "misspelt arg": ["--config=configs/mimic_dp.py:sise=tiny", f"--workdir={tmp_path / 'w'}"],
+        "workdir file": [demo, f"--workdir={a_file}"],
+        "workdir in file": [demo, f"--workdir={a_file / 'sub'}"],
+        "workdir ro": [demo, f"--workdir={read_only_dir(tmp_path)}"],
+        "no workdir": [demo],
+        "extra arg": [demo, f"--workdir={tmp_path / 'w'}", "extra"],
+    }
+    res = dict(zip(cases, drive("train.py", "train", list(cases.values()))))
+    # config_flags registers --config.* override flags from sys.argv at import time, which
+    # the driver cannot give per case: these are real command lines.
+    for key, arg in {"unknown field": "--config.dp.noise_multiplierr=2",
+                     "wrong type": "--config.dp.noise_multiplier=abc"}.items():
+        res[key] = run_cli("train.py", demo, f"--workdir={tmp_path / 'w'}", arg)
+    for key in ("help", "helpfull"):
+        assert res[key][0] == 0 and "--workdir" in res[key][1], res[key]
+    expect = {
+        "missing config": "train: error: --config=configs/nope.py: config file configs/nope.py "
+                          "not found",
+        "config dir": "train: error: --config=configs: configs is a directory",
+        "unknown field": 'train: error: --config.dp.noise_multiplierr: unknown config field '
+                         '\'noise_multiplierr\'; did you mean "noise_multiplier"',
+        "wrong type": "train: error: flag --config.dp.noise_multiplier=abc: could not convert",
+        "ignored arg": "train: error: configs/demo_dp.py takes no config arg; got 'ARG'",
+        "misspelt arg": "train: error: configs/mimic_dp.py: unknown config arg 'sise'; did you "
+                        "mean 'size'?",
+        "workdir file": f"train: --workdir={a_file}: is a file, not a folder",
+        "workdir in file": f"train: --workdir={a_file / 'sub'}: cannot be created",
+        "workdir ro": "not writable",
+        "no workdir": "train: error: flag --workdir=None: Flag --workdir must have a value",
+        "extra arg": "train: error: unexpected arguments: ['extra']",
+    }
+    for key, start in expect.items():
+        line = one_error_line(res[key])
+        assert line.startswith(start) or start in line, (key, line)
+    assert not (tmp_path / "w").exists()
+
+
+def test_build_vocab_launcher(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("".join(f"sentence {i} of document {i}.\n\n" for i in range(40)))
+    notes = tmp_path / "NOTEEVENTS.csv"
+    notes.write_text("ROW_ID,SUBJECT_ID,HADM_ID,CHARTDATE,CHARTTIME,STORETIME,CATEGORY,"
+                     "DESCRIPTION,CGID,ISERROR,TEXT\n1,2,3,,,,Radiology,X,,,\"a note\"\n")
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(os.urandom(30000))
+    truncated = tmp_path / "cut.txt.gz"
+    data = gzip.compress(corpus.read_bytes() * 200)
+    truncated.write_bytes(data[:len(data) // 2])
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    base = ["--vocab_size=2000", "--epsilon=8", "--delta=1e-6", "--num_workers=1"]
+    out = f"--out={tmp_path / 'o'}"
+    cases = {
+        "help": ["--help"],
+        "num_unused": [f"--input={corpus}", *base, out, "--num_unused=-3"],
+        "vocab_size": [f"--input={corpus}", "--vocab_size=0", "--epsilon=8", "--delta=1e-6", out],
+        "max_bad": [f"--input={corpus}", *base, out, "--max_bad_fraction=2"],
+        "nan delta": [f"--input={corpus}", *base[:3], "--delta=nan", out],
+        "delta 1/N": [f"--input={corpus}", *base[:3], "--delta=0.1", out],
+        "format": [f"--input={notes}", "--format=text", *base, out],
+        "garbage": [f"--input={garbage}", *base, out],
+        "truncated": [f"--input={truncated}", *base, out],
+        "dir input": [f"--input={tmp_path}", *base, out],
+        "out file": [f"--input={corpus}", *base, f"--out={a_file}"],
+        "no eps": [f"--input={corpus}", "--vocab_size=2000", out],
+    }
+    res = dict(zip(cases, drive("build_vocab.py", "build_vocab", list(cases.values()))))
+    assert res["help"][0] == 0 and "--max_bad_fraction" in res["help"][1]
+    expect = {
+        "num_unused": "flag --num_unused=-3: -3 is not a non-negative integer",
+        "vocab_size": "flag --vocab_size=0: 0 is not a positive integer",
+        "max_bad": "flag --max_bad_fraction=2: 2.0 is not a number in the range [0.0, 1.0]",
+        "nan delta": "delta must be in (0, 1), got nan",
+        "delta 1/N": "vocabulary delta=0.1 must be < 1/num_examples = 0.025 (num_examples=40)",
+        "format": "line 1 is a MIMIC-III NOTEEVENTS header",
+        "garbage": "cannot be parsed",
+        "truncated": "the gzip data ends early",
+        "dir input": "is a directory; expected a corpus file",
+        "out file": "exists and is not a folder",
+        "no eps": "--epsilon and --delta are required (or pass --no_dp)",
+    }
+    for key, part in expect.items():
+        assert part in one_error_line(res[key]), (key, res[key])
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_and_analyze_launchers(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    ro = read_only_dir(tmp_path)
+    cases = {
+        "help": ["--help"],
+        "no source": [f"--out={tmp_path / 'o'}"],
+        "out file": [f"--from_hf={tmp_path}", f"--out={a_file}"],
+        "out non-empty": [f"--from_hf={tmp_path}", f"--out={full}"],
+        "overwrite non-model": [f"--from_hf={tmp_path}", f"--out={full}", "--overwrite"],
+        "out ro": [f"--from_hf={tmp_path}", f"--out={ro}"],
+        "negative step": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}", "--step=-1"],
+        "not a workdir": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"],
+    }
+    res = dict(zip(cases, drive("export_hf.py", "export_hf", list(cases.values()))))
+    assert res["help"][0] == 0 and "--overwrite" in res["help"][1]
+    expect = {
+        "no source": "give exactly one source",
+        "out file": "is a file; the export needs a folder",
+        "out non-empty": "is not empty; an export into it would mix the files of two models",
+        "overwrite non-model": "not a Hugging Face model folder",
+        "out ro": "read-only",
+        "negative step": "flag --step=-1: -1 is not a non-negative integer",
+        "not a workdir": "run.json: missing",
+    }
+    for key, part in expect.items():
+        assert part in one_error_line(res[key]), (key, res[key])
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
+
+    cases = {
+        "help": ["--help"],
+        "out file": ["--embeddings=x", "--corpus=y", f"--out={a_file}"],
+        "no corpus": ["--embeddings=x", f"--out={tmp_path / 'a'}"],
+        "bad eta": [f"--embeddings={tmp_path}", "--corpus=y", "--eta=abc",
+                    f"--out={tmp_path / 'a'}"],
+    }
+    res = dict(zip(cases, drive("analyze_dchi.py", "analyze_dchi", list(cases.values()))))
+    assert res["help"][0] == 0 and "--vocab_sample" in res["help"][1]
+    expect = {"out file": "is a file, not a folder", "no corpus": "Flag --corpus must have",
+              "bad eta": "--eta: 'abc' is not a number"}
+    for key, part in expect.items():
+        assert part in one_error_line(res[key]), (key, res[key])
+
+
+def test_privacy_launcher():
+    base = ["--num_examples=17316", "--batch_size=128", "--steps=20", "--delta=1e-5"]
+    cases = {
+        "help": ["--help"],
+        "no command": base,
+        "bad command": ["epsilonn", *base],
+        "tiny sigma": ["epsilon", *base, "--noise_multiplier=0.01"],
+        "too tiny sigma": ["epsilon", *base, "--noise_multiplier=0.0001"],
+        "nan sigma": ["epsilon", *base, "--noise_multiplier=nan"],
+        "negative steps": ["epsilon", *base, "--steps=-5", "--noise_multiplier=1"],
+        "zero examples": ["epsilon", *base, "--num_examples=0", "--noise_multiplier=1"],
+        "delta 1/N": ["epsilon", *base, "--delta=0.1", "--noise_multiplier=1"],
+        "float steps": ["epsilon", *base, "--steps=2.5", "--noise_multiplier=1"],
+        "huge sigma": ["epsilon", *base, "--noise_multiplier=1e300"],
+    }
+    res = dict(zip(cases, drive("privacy.py", "privacy.py", list(cases.values()))))
+    assert res["help"][0] == 0 and "--noise_multiplier" in res["help"][1]
+    code, out, err, seconds = res["tiny sigma"]
+    # Minutes and > 4 GB before; now seconds, with a note that the grid was coarsened.
+    assert code == 0 and "epsilon = " in out and "NOTE: Noise multiplier too small for the default PLD grid" in out
+    assert seconds < 60
+    expect = {
+        "no command": "give exactly one command: epsilon | calibrate",
+        "bad command": "give exactly one command",
+        "too tiny sigma": "noise multiplier 0.0001 (effective) is too small to account",
+        "nan sigma": "noise_multiplier=nan must be a positive finite number",
+        "negative steps": "steps=-5 must be >= 0",
+        "zero examples": "num_examples=0 must be >= 1",
+        "delta 1/N": "delta=0.1 must be < 1/num_examples",
+        "float steps": "flag --steps=2.5: invalid literal for int()",
+        "huge sigma": "noise_multiplier=1e+300 (effective 1e+300) is above 1e+06",
+    }
+    for key, part in expect.items():
+        assert part in one_error_line(res[key]), (key, res[key])
