@@ -320,8 +320,8 @@ def test_coarsened_grid_is_still_an_upper_bound(monkeypatch):
     spec = accounting.AccountingSpec(1.0, 100, 10_000, 1e-6)
     exact = pld_privacy_accountant.PLDAccountant().compose(spec.event(300)).get_epsilon(1e-6)
     _clear_grid_caches()
-    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_SINGLE", 5_000)
-    monkeypatch.setattr(accounting, "MAX_PLD_POINTS_COMPOSED", 20_000)
+    monkeypatch.setattr(pld_grid, "MAX_PLD_POINTS_SINGLE", 5_000)
+    monkeypatch.setattr(pld_grid, "MAX_PLD_POINTS_COMPOSED", 20_000)
     try:
         grid = accounting.pld_discretization_for(spec, 300)
         assert grid >= 16e-4
