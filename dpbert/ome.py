@@ -49,7 +49,9 @@ public seed makes the flips removable). Row r of a batch uses `fold_in(key, row_
 release is reproducible per example whatever the chunking. Each Bernoulli(p) is drawn by
 comparing 64 random bits with the integer threshold round(p·2^64), so the sampled probability
 is p to within 2^−65 (float32 uniforms would round λ = 100's p = 1e−6 by ~10 %);
-`worst_case_epsilon` is evaluated on these realized probabilities.
+`worst_case_epsilon` is evaluated on these realized probabilities. A per-bit log-odds beyond
+≈ ±44 (p or 1 − p below 2^−64) saturates at 2^−64: the sampler then leaks less than requested,
+and the report says so (ε_true is computed from what is sampled).
 """
 
 from __future__ import annotations
@@ -172,15 +174,22 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1 / (1 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1 + np.exp(-np.abs(x))))
 
 
-def _threshold(p: float) -> int:
-    """round(p·2^64) as an int, kept in [1, 2^64 − 1] for 0 < p < 1 (never rounds to certainty)."""
-    if not 0.0 <= p <= 1.0 or math.isnan(p):
-        raise ValueError(f"probability out of [0, 1]: {p!r}")
-    if p == 0.0:
-        return 0
-    if p == 1.0:
+def _threshold(logit: float) -> int:
+    """T = round(p·2^64) for p = sigmoid(logit), so that P(u < T) = T/2^64 for 64 uniform bits.
+
+    Computed from the log-odds on the side where p is small (1 − p = sigmoid(−logit)), so
+    probabilities near 1 keep their precision; a finite logit (0 < p < 1) never rounds to a
+    certain outcome: T ∈ [1, 2^64 − 1]. ±inf give 0 / 2^64.
+    """
+    if math.isnan(logit):
+        raise ValueError("probability log-odds is NaN")
+    if logit == math.inf:
         return _TWO64
-    return min(max(round(p * _TWO64), 1), _TWO64 - 1)
+    if logit == -math.inf:
+        return 0
+    small = float(_sigmoid(-abs(logit)))            # min(p, 1 − p)
+    t_small = min(max(round(small * _TWO64), 1), _TWO64 // 2)
+    return t_small if logit < 0 else _TWO64 - t_small
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -201,8 +210,8 @@ class BitRandomizer:
             raise ValueError("BitRandomizer needs 1-D per-position log-odds")
         object.__setattr__(self, "logit_p", lp.copy())
         object.__setattr__(self, "logit_q", lq.copy())
-        tp = [_threshold(float(x)) for x in _sigmoid(lp)]
-        tq = [_threshold(float(x)) for x in _sigmoid(lq)]
+        tp = [_threshold(float(x)) for x in lp]
+        tq = [_threshold(float(x)) for x in lq]
         object.__setattr__(self, "_tp", tp)
         object.__setattr__(self, "_tq", tq)
 
@@ -430,11 +439,15 @@ class CalibratedOME:
                                        row_ids)
 
     def privacy_report(self) -> dict:
-        return dict(mechanism=self.name, epsilon_claimed=float(self.eps),
-                    epsilon_true=worst_case_epsilon(self.randomizer), r=self.r, l=self.l,
-                    m=self.m, n=self.n,
+        true = worst_case_epsilon(self.randomizer)
+        saturated = true < self.eps * (1 - 1e-9)
+        return dict(mechanism=self.name, epsilon_claimed=float(self.eps), epsilon_true=true,
+                    r=self.r, l=self.l, m=self.m, n=self.n,
                     bit_weights=None if self.bit_weights is None else list(self.bit_weights),
-                    note="per-bit randomized response, ε split over the r·l bits")
+                    saturated=saturated,
+                    note="per-bit randomized response, ε split over the r·l bits"
+                         + ("; per-bit budget beyond the sampler's 2^-64 resolution, so the "
+                            "true ε is below the request" if saturated else ""))
 
 
 UE_KINDS = ("sue", "oue")

@@ -179,6 +179,14 @@ def test_calibrated_variant_true_epsilon_equals_request(eps):
                         1, 1)
     brute = _brute_force_epsilon(_bit_channel_logprobs(small.randomizer, inputs))
     assert math.isclose(brute, eps, rel_tol=1e-9)
+    assert not report["saturated"]
+
+
+def test_calibrated_variant_saturates_honestly():
+    # 60 nats per bit: p = 1 − 9e−27 is below the sampler's 2^−64 resolution.
+    report = ome.CalibratedOME(eps=30000.0, r=50).privacy_report()
+    assert report["saturated"] and math.isfinite(report["epsilon_true"])
+    assert report["epsilon_true"] == pytest.approx(500 * math.log(2.0 ** 64 - 1), rel=1e-9)
 
 
 @pytest.mark.parametrize("kind", ome.UE_KINDS)
