@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp

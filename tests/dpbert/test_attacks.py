@@ -6,7 +6,6 @@ import string
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from dpbert import attacks, features, ome
 from dpbert import model as model_lib

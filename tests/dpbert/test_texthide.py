@@ -1,6 +1,7 @@
 """TextHide (dpbert.texthide): the acceptance checks of FINETUNE_SPEC §2.6 on a tiny BERT."""
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
