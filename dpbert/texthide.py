@@ -80,6 +80,38 @@ def check_privacy_combination(*, per_example_dp: bool) -> None:
             "hiding (secret masks + mixing), not an ε.")
 
 
+VARIANTS = ("intra", "inter")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextHideSpec:
+    """The validated TextHide settings of a run (`privacy.m`, `privacy.k`, `privacy.variant`,
+    `privacy.label_mode`), with the line a results file / model card should carry."""
+
+    m: int = 256
+    k: int = 4
+    variant: str = "intra"
+    label_mode: str = "paper"
+
+    def __post_init__(self):
+        _check_m(self.m)
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise ValueError(f"TextHide k must be a positive integer, got {self.k!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"TextHide variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.variant == "inter" and self.k < 2:
+            raise ValueError("inter-TextHide mixes public examples into slots 2, 4, …: k ≥ 2")
+        if self.label_mode not in LABEL_MODES:
+            raise ValueError(f"label_mode must be one of {LABEL_MODES}, got {self.label_mode!r}")
+
+    def report(self) -> dict:
+        m = "∞" if self.m == INFINITE_POOL else self.m
+        return {"mechanism": "texthide", "m": self.m, "k": self.k, "variant": self.variant,
+                "label_mode": self.label_mode, "epsilon": None,
+                "note": f"({m}, {self.k})-TextHide {self.variant}: hiding by secret sign masks "
+                        f"and mixing, not differential privacy (no ε)"}
+
+
 # ----------------------------------------------------------------------------- mask pool
 
 

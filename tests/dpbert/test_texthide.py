@@ -319,3 +319,14 @@ def test_regression_k1_is_mse_and_head_options():
     t = tied.hidden[0]
     want = tied.out_proj(jnp.tanh(t(jnp.tanh(t(jnp.tanh(t(x)))))))
     np.testing.assert_allclose(tied(x), want, rtol=1e-6)
+
+
+def test_spec_validates_and_reports_no_epsilon():
+    spec = texthide.TextHideSpec(m=256, k=4, variant="inter")
+    assert spec.report()["epsilon"] is None and "not differential privacy" in spec.report()["note"]
+    assert "(∞, 4)" in texthide.TextHideSpec(m=texthide.INFINITE_POOL).report()["note"]
+    for bad, match in ((dict(k=0), "positive"), (dict(variant="cross"), "variant"),
+                       (dict(variant="inter", k=1), "k ≥ 2"), (dict(m=-5), "pool size"),
+                       (dict(label_mode="x"), "label_mode")):
+        with pytest.raises(ValueError, match=match):
+            texthide.TextHideSpec(**bad)
