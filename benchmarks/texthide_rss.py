@@ -1,4 +1,4 @@
-r"""What an eavesdropper recovers from TextHide representations (RSS, |·|-RSS, RepRecon).
+r"""What an eavesdropper recovers from TextHide representations (RSS, abs-RSS, RepRecon).
 
     PYTHONPATH=. python benchmarks/texthide_rss.py [--dataset=rt] [--queries=1000]
         [--recon_queries=500] [--recon_epochs=20] [--cache_dir=...] [--update_md]
@@ -11,7 +11,7 @@ fresh secret key per batch, as in training; the representation of sentence x is 
 slot 1 is x). Schemes: baseline (m, k) = (0, 1); mask only (256, 1) — TextHide's INFERENCE
 path; mix-only (0, 4); TextHide intra (256, 4); m = ∞ (∞, 4). Attacks:
 * RSS: nearest baseline representation by cosine, `--queries` random corpus sentences;
-* |·|-RSS: the same on coordinate-wise absolute values, which sign masks do not change
+* abs-RSS: the same on coordinate-wise absolute values, which sign masks do not change
   (|σ ∘ e| = |e|) — an attacker needs no mask to use it;
 * RepRecon: MLP (1024, 1024), L2, 20 epochs, trained on the train part's (hidden, baseline)
   pairs, then RSS for `--recon_queries` dev sentences against the whole corpus.
@@ -95,7 +95,7 @@ def main(argv):
     for name, m, k in SCHEMES:
         hidden = hide_corpus(e, labels, m, k, _BATCH.value, seed=17)
         plain = attacks.rss(corpus, e, q, hidden[q])
-        absolute = attacks.rss(corpus, np.abs(e), q, np.abs(hidden[q]))
+        absolute = attacks.abs_rss(corpus, e, q, hidden[q])
         f = attacks.train_reprecon(jax.random.key(3), hidden[:n_tr], e[:n_tr],
                                    epochs=_RECON_EPOCHS.value)
         recon = attacks.rss(corpus, e, q_dev, f(hidden[q_dev]))
@@ -112,14 +112,14 @@ def main(argv):
         f"outputs of the {_DATASET.value} train ∪ dev sentences ({len(texts)}); each scheme hides "
         f"the corpus in shuffled batches of {_BATCH.value} (`dpbert.texthide.encrypt`, intra). "
         f"The index holds the clean representations. RSS: {len(q)} random corpus queries, "
-        f"nearest by cosine; |·|-RSS: the same on absolute values (sign masks do not change "
+        f"nearest by cosine; abs-RSS: the same on absolute values (sign masks do not change "
         f"them); RepRecon: MLP (1024, 1024), L2, Adam 1e-3, {_RECON_EPOCHS.value} epochs on the "
         f"train part, then RSS for {len(q_dev)} dev queries. Metrics: identity, Jaccard of word "
         f"sets, TF-IDF cosine, label match, MiniLM mean-pool sentence cosine. Without "
         f"fine-tuning, so not yet the paper's setting (FINETUNE_SPEC §2.5). Seeded randomness: a "
         f"benchmark, not a private release.", "",
         "| scheme | RSS identity | RSS Jaccard | RSS TF-IDF | RSS label | RSS sentence cos | "
-        "|·|-RSS identity | RepRecon identity | RepRecon label | RepRecon sentence cos |",
+        "abs-RSS identity | RepRecon identity | RepRecon label | RepRecon sentence cos |",
         "|---|---|---|---|---|---|---|---|---|---|"]
     for name, plain, absolute, recon in rows:
         if absolute is None:

@@ -6,6 +6,8 @@ the leakage is measured on the pair (x, x*) (TextHide paper §4.2, FINETUNE_SPEC
 
 * **RSS** (representation similarity search, `rss`): x* = the index sentence whose baseline
   representation is nearest to the query (cosine; the paper's "argmin cos" read as the nearest).
+* **abs-RSS** (`abs_rss`): RSS on |·|, which sign masks cannot change (|σ ∘ e| = |e|): against
+  TextHide it leaves only the protection of the mixing.
 * **RepRecon** (`train_reprecon`): an MLP (1024, 1024) trained with L2 to map protected → baseline
   representations on pairs the attacker can make itself (train split), then RSS on its output.
 * **Bit recovery** (`ml_bit_recovery`): for OME / SUE / OUE bit vectors, the maximum-likelihood
@@ -184,6 +186,13 @@ def rss(corpus: Corpus, index_reps: np.ndarray, query_ids: np.ndarray, query_rep
     """RSS: answer each protected query by its nearest index representation; mean metrics."""
     answers = nearest_neighbours(index_reps, query_reps, metric)
     return pair_metrics(corpus, query_ids, answers)
+
+
+def abs_rss(corpus: Corpus, index_reps: np.ndarray, query_ids: np.ndarray,
+            query_reps: np.ndarray) -> dict[str, float]:
+    """RSS on coordinate-wise absolute values: |σ ∘ e| = |e| for any sign mask σ, so this
+    attack needs no mask and sees through TextHide's masks entirely (only mixing is left)."""
+    return rss(corpus, np.abs(index_reps), query_ids, np.abs(query_reps))
 
 
 def random_baseline(rng: np.random.Generator, corpus: Corpus, query_ids: np.ndarray

@@ -54,6 +54,16 @@ def test_random_queries_score_at_the_random_baseline():
     assert got["jaccard"] < 0.5
 
 
+def test_abs_rss_sees_through_sign_masks():
+    corpus = _corpus(n=300)
+    rng = np.random.default_rng(4)
+    reps = rng.normal(size=(300, 64))
+    q = np.arange(300)
+    masks = np.where(rng.random((300, 64)) < 0.5, -1.0, 1.0)
+    assert attacks.rss(corpus, reps, q, masks * reps)["identity"] < 0.05
+    assert attacks.abs_rss(corpus, reps, q, masks * reps)["identity"] == 1.0
+
+
 def test_jaccard_and_tfidf_against_references():
     assert attacks.jaccard(attacks.word_set("A b, c!"), attacks.word_set("c d a")) == 2 / 4
     assert attacks.jaccard(frozenset(), frozenset()) == 1.0
