@@ -6,6 +6,7 @@ import string
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from dpbert import attacks, features, ome
 from dpbert import model as model_lib
@@ -156,15 +157,17 @@ def test_encode_texts_is_batching_invariant_and_pools_correctly(tiny_encoder):
     model, tok = tiny_encoder
     texts = ["great movie", "a boring plot with a bad actor and a long ending", "fun",
              "sad story, dull script!"]
+    # batch 2, every batch padded to 16: one compiled shape, examples split over batches
     batched = features.encode_texts(model, tok, texts, pooling=("pooled", "cls", "mean"),
-                                    batch_size=3, length_step=8)
+                                    batch_size=2, length_step=16)
     # Reference: one batch padded to 32 (bucketing above used other batches and lengths).
     seqs = features.tokenize_for_bert(tok, texts, 128)
     ids = np.zeros((len(texts), 32), np.int32)
     mask = np.zeros_like(ids)
     for i, s in enumerate(seqs):
         ids[i, :len(s)], mask[i, :len(s)] = s, 1
-    seq, pooled = model.bert(ids, np.zeros_like(ids), mask)
+    graphdef, params = nnx.split(model.bert)
+    seq, pooled = jax.jit(lambda p: nnx.merge(graphdef, p)(ids, np.zeros_like(ids), mask))(params)
     for i, s in enumerate(seqs):
         np.testing.assert_allclose(batched["pooled"][i], pooled[i], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(batched["cls"][i], seq[i, 0], rtol=1e-5, atol=1e-5)

@@ -17,21 +17,39 @@ D = 16
 C = 3
 
 
+class _BagOfWords(nnx.Module):
+    """A cheap stand-in encoder: tanh(Dense(mean of the real tokens' embeddings))."""
+
+    def __init__(self, rngs):
+        self.embed = nnx.Embed(40, D, rngs=rngs)
+        self.dense = nnx.Linear(D, D, rngs=rngs)
+
+    def __call__(self, ids, segments, mask, *, deterministic=True, rngs=None):
+        del segments, deterministic, rngs
+        m = mask[..., None].astype(jnp.float32)
+        mean = jnp.sum(self.embed(ids) * m, 1) / jnp.maximum(jnp.sum(m, 1), 1.0)
+        return None, jnp.tanh(self.dense(mean))
+
+
 class _Classifier(nnx.Module):
-    def __init__(self, **head_kwargs):
+    def __init__(self, encoder, **head_kwargs):
         rngs = nnx.Rngs(params=0)
-        cfg = model_lib.BertConfig(vocab_size=40, hidden_size=D, num_hidden_layers=1,
-                                   num_attention_heads=2, intermediate_size=32,
-                                   max_position_embeddings=16)
-        self.bert = model_lib.BertModel(cfg, rngs=rngs)
+        if encoder == "bert":
+            cfg = model_lib.BertConfig(vocab_size=40, hidden_size=D, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=32,
+                                       max_position_embeddings=16)
+            self.bert = model_lib.BertModel(cfg, rngs=rngs)
+        else:
+            self.bert = _BagOfWords(rngs)
         self.head = texthide.TextHideHead(D, C, rngs=rngs, **head_kwargs)
 
 
 @functools.cache
-def _setup():
-    """(params, encoder_apply, head_apply) of a tiny BERT + TextHide head with input dropout 0.1
-    (built once; deterministic when the dropout key is None)."""
-    graphdef, params = nnx.split(_Classifier(dropout=0.1))
+def _setup(encoder="bow"):
+    """(params, encoder_apply, head_apply): a tiny encoder ("bert": a 1-layer dpbert BertModel
+    with dropout 0.1; "bow": a bag-of-words stand-in that compiles fast) + a TextHide head with
+    input dropout 0.1. Built once; deterministic when the dropout key is None."""
+    graphdef, params = nnx.split(_Classifier(encoder, dropout=0.1))
 
     def encoder_apply(p, inputs, key):
         m = nnx.merge(graphdef, p)
@@ -65,7 +83,7 @@ def _batch(b=8, seq=6, seed=0):
 
 
 def test_m0_k1_reproduces_plain_finetuning_loss_and_grads():
-    params, enc, head = _setup()
+    params, enc, head = _setup("bert")
     batch = _batch()
     pool = texthide.make_mask_pool(None, 0, D)
     dropout_key = jax.random.key(3)
@@ -95,11 +113,13 @@ def test_k1_m0_encrypt_is_the_identity_exactly():
 
 
 def test_soft_label_ce_with_one_hot_is_ce():
-    logits = jax.random.normal(jax.random.key(0), (50, 7)) * 3
-    labels = jax.random.randint(jax.random.key(1), (50,), 0, 7)
-    np.testing.assert_allclose(
-        texthide.soft_cross_entropy(logits, jax.nn.one_hot(labels, 7)),
-        optax.softmax_cross_entropy_with_integer_labels(logits, labels), rtol=1e-6, atol=1e-6)
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(50, 7)) * 3, jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 7, size=50))
+    soft, hard = jax.jit(lambda x, y: (
+        texthide.soft_cross_entropy(x, jax.nn.one_hot(y, 7)),
+        optax.softmax_cross_entropy_with_integer_labels(x, y)))(logits, labels)
+    np.testing.assert_allclose(soft, hard, rtol=1e-6, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- Λ and π
@@ -200,7 +220,7 @@ def test_intra_encrypt_matches_algorithm_1():
     np.testing.assert_allclose(np.asarray(hid.labels).sum(1), 1.0, atol=1e-6)
 
 
-@pytest.mark.parametrize("k", [3, 4])
+@pytest.mark.parametrize("k", [5])
 def test_inter_public_slots_carry_no_label(k):
     b = 10
     e = jax.random.normal(jax.random.key(0), (b, D))
@@ -243,7 +263,7 @@ def test_inter_code_label_mode_uses_private_labels_unnormalised():
 
 
 def test_encoder_receives_nonzero_gradients_intra_and_inter():
-    params, enc, head = _setup()
+    params, enc, head = _setup("bert")
     batch = _batch(seed=1)
     public = {k_: v for k_, v in _batch(seed=2).items() if k_ != "labels"}
     pool = texthide.make_mask_pool(jax.random.key(0), 16, D)
