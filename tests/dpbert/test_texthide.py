@@ -82,10 +82,15 @@ def _batch(b=8, seq=6, seed=0):
 # ----------------------------------------------------------------------------- (m,k) = (0,1)
 
 
-def test_m0_k1_reproduces_plain_finetuning_loss_and_grads():
+@functools.cache
+def _bert_gradients():
+    """All BERT-based quantities in ONE compiled program (compiles dominate these tests):
+    plain fine-tuning vs (m, k) = (0, 1) with dropout on, and intra / inter (16, 4) gradients."""
     params, enc, head = _setup("bert")
     batch = _batch()
-    pool = texthide.make_mask_pool(None, 0, D)
+    public = {k_: v for k_, v in _batch(seed=2).items() if k_ != "labels"}
+    no_mask = texthide.make_mask_pool(None, 0, D)
+    pool = texthide.make_mask_pool(jax.random.key(0), 16, D)
     dropout_key = jax.random.key(3)
 
     def plain(p):
@@ -93,14 +98,25 @@ def test_m0_k1_reproduces_plain_finetuning_loss_and_grads():
         logits = head(p, enc(p, batch, k_enc), k_head)
         return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]))
 
-    def hidden(p):
-        return texthide.texthide_batch_loss(enc, head, p, batch, jax.random.key(7), pool=pool,
-                                            k=1, num_classes=C, dropout_key=dropout_key)[0]
+    def hidden(p, m_pool, k, pub, key):
+        return texthide.texthide_batch_loss(enc, head, p, batch, jax.random.key(7), pool=m_pool,
+                                            k=k, num_classes=C, public_inputs=pub,
+                                            dropout_key=key)[0]
 
-    both = jax.jit(lambda p: (jax.value_and_grad(plain)(p), jax.value_and_grad(hidden)(p)))
-    (l_plain, g_plain), (l_hide, g_hide) = both(params)
+    def everything(p):
+        return {"plain": jax.value_and_grad(plain)(p),
+                "m0k1": jax.value_and_grad(hidden)(p, no_mask, 1, None, dropout_key),
+                "intra": jax.grad(hidden)(p, pool, 4, None, None),
+                "inter": jax.grad(hidden)(p, pool, 4, public, None)}
+
+    return jax.jit(everything)(params)
+
+
+def test_m0_k1_reproduces_plain_finetuning_loss_and_grads():
+    out = _bert_gradients()
+    (l_plain, g_plain), (l_hide, g_hide) = out["plain"], out["m0k1"]
     np.testing.assert_allclose(l_hide, l_plain, rtol=1e-6)
-    for a, b in zip(jax.tree.leaves(g_hide), jax.tree.leaves(g_plain)):
+    for a, b in zip(jax.tree.leaves(g_hide), jax.tree.leaves(g_plain), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
@@ -263,18 +279,12 @@ def test_inter_code_label_mode_uses_private_labels_unnormalised():
 
 
 def test_encoder_receives_nonzero_gradients_intra_and_inter():
-    params, enc, head = _setup("bert")
-    batch = _batch(seed=1)
-    public = {k_: v for k_, v in _batch(seed=2).items() if k_ != "labels"}
-    pool = texthide.make_mask_pool(jax.random.key(0), 16, D)
-    grad = lambda p, pub: jax.grad(lambda q: texthide.texthide_batch_loss(
-        enc, head, q, batch, jax.random.key(4), pool=pool, k=4, num_classes=C,
-        public_inputs=pub)[0])(p)
-    for grads in jax.jit(lambda p: (grad(p, None), grad(p, public)))(params):
+    out = _bert_gradients()
+    for grads in (out["intra"], out["inter"]):
         for name in ("bert", "head"):
             norms = [float(jnp.linalg.norm(g)) for g in jax.tree.leaves(grads[name])]
             assert all(np.isfinite(norms))
-            assert sum(n > 0 for n in norms) >= len(norms) - 1, (name, norms)
+            assert all(n > 0 for n in norms), (name, norms)
 
 
 def test_eval_path_has_no_mixing_and_applies_a_pool_mask():
