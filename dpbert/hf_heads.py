@@ -183,6 +183,14 @@ def save_task_model(model: nnx.Module, path: str | os.PathLike, vocab_file: str 
     sections = []
     if input_privacy_report:
         sections.append(input_privacy_card_section(input_privacy_report))
+        if (input_privacy_report.get("mode") == "seq_rep"
+                and input_privacy_report.get("seq_rep_source") == "cls_hidden"):
+            note = ("**Caveat:** the classifier was trained on the [CLS] hidden state (seq_rep "
+                    "source `cls_hidden`), but transformers' BertForSequenceClassification "
+                    "applies it to the pooled output: this export does not reproduce the "
+                    "fine-tuned predictions.")
+            logger.warning("%s: %s", path, note.replace("**", ""))
+            sections.append(note)
     return hf.save_pretrained(
         model, path, vocab_file, do_lower_case=do_lower_case, model_max_length=model_max_length,
         privacy_report=privacy_report, source=source, architecture=architecture,

@@ -250,3 +250,23 @@ def test_bad_labels():
         make("sequence_classification", [])
     with pytest.raises(ValueError, match="unknown task"):
         heads.create_task_model("qa", None, 2)
+
+
+def test_export_states_input_privacy_and_warns_about_cls_hidden(tmp_path, caplog):
+    from dpbert import input_privacy
+
+    model = make("sequence_classification", list(LABELS))
+    vocab = write_vocab(tmp_path)
+    cfg = input_privacy.InputPrivacyConfig("text_to_text", 75.0)
+    out = hf_heads.save_task_model(model, tmp_path / "a", vocab,
+                                   input_privacy_report=input_privacy.privacy_report(cfg, epochs=3))
+    card = (out / "README.md").read_text()
+    assert "## Input privacy during fine-tuning" in card and "| eta | 75.0 |" in card
+    assert "η·d_χ-privacy per example" in card
+    cfg = input_privacy.InputPrivacyConfig("seq_rep", 5.0, seq_rep_source="cls_hidden")
+    with caplog.at_level(logging.WARNING, logger="dpbert.hf_heads"):
+        out = hf_heads.save_task_model(
+            model, tmp_path / "b", vocab,
+            input_privacy_report=input_privacy.privacy_report(cfg, epochs=1))
+    assert "does not reproduce" in caplog.text and "does not reproduce" in (
+        out / "README.md").read_text()

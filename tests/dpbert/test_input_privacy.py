@@ -348,3 +348,37 @@ def test_bad_configuration_and_input():
         input_privacy.InputPrivatizer.from_model(
             input_privacy.InputPrivacyConfig("seq_rep", 1.0),
             make_model("token_classification"), VOCAB)
+
+
+# ----------------------------------------------------------------------------- real vocabulary
+
+
+@pytest.mark.slow
+@pytest.mark.minilm
+@pytest.mark.shared_data
+def test_text_to_text_on_rt_dev_with_minilm_matches_inversion_accuracy(minilm_dir, shared_data):
+    """Spec §1.6 on the real setting: MiniLM's φ (n = 384, 30,522 tokens), RT dev sentences,
+    η = 70 (inversion accuracy ≈ 0.45 for MiniLM)."""
+    from data_pipelines import classification as clf
+
+    table, vocab = dchi.load_embedding_table(minilm_dir)
+    tok = clf.tokenizer_for_checkpoint(minilm_dir, vocab_size=len(vocab))
+    rows = clf.read_tsv(shared_data / "sentiment" / "rt_dev.tsv")[:100]
+    f = clf.build_features(rows, tok, clf.LabelMap.from_rows(rows), "rt_dev.tsv", 128)
+    eta = 70.0
+    cfg = input_privacy.InputPrivacyConfig("text_to_text", eta, tokens_per_call=1024)
+    p = input_privacy.InputPrivatizer(cfg, table=table, special_mask=dchi.special_token_mask(vocab),
+                                      unk_id=vocab.index("[UNK]"))
+    out = p.release(f, KEY, split="eval").arrays["input_ids"]
+    regular = ~dchi.special_token_mask(vocab)[f["input_ids"]]
+    np.testing.assert_array_equal(out[~regular], f["input_ids"][~regular])
+    total = int(regular.sum())
+    changed = int(np.sum(out[regular] != f["input_ids"][regular]))
+    reps = 4
+    ids = np.tile(f["input_ids"][regular], reps)
+    hits = jax.jit(dchi.inversion_hits)(jax.random.key(5), ids, p.privatizer.index, eta)
+    q = 1.0 - float(np.mean(np.asarray(hits)))
+    assert 0.3 < q < 0.8, q
+    sd = math.sqrt(q * (1 - q) * (1 / total + 1 / (reps * total)))
+    z = stats.norm.ppf(0.9995)
+    assert abs(changed / total - q) < z * sd, (changed / total, q, total)
