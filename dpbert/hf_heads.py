@@ -12,8 +12,8 @@ heads (`cls.*`) and, for the token model, the pooler are not used (logged at INF
 classifier is only taken over when its label names agree with `labels`: reusing a head whose
 classes mean something else would be silently wrong, so that is a `CheckpointError`.
 
-Export writes what `transformers` expects: `config.json` with `architectures`, `id2label`,
-`label2id` (hence `num_labels`), `classifier_dropout` and, for sequence classification,
+Export writes what `transformers` expects: `config.json` with `architectures`, `num_labels`,
+`id2label`, `label2id`, `classifier_dropout` and, for sequence classification,
 `problem_type = "single_label_classification"`; weights named as HF names them (the token model
 has no pooler, as HF's `add_pooling_layer=False`), so `from_pretrained` reports no missing and no
 unexpected key. Everything else (vocab, tokenizer config, model card, atomic write) is
@@ -158,6 +158,7 @@ def hf_config_overrides(model: nnx.Module) -> dict[str, Any]:
     """The config.json keys transformers needs for the task model's architecture."""
     task = task_of(model)
     out: dict[str, Any] = {
+        "num_labels": model.num_labels,
         "id2label": {str(i): name for i, name in enumerate(model.labels)},
         "label2id": {name: i for i, name in enumerate(model.labels)},
         "classifier_dropout": model.classifier_dropout,

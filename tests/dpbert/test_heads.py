@@ -126,6 +126,7 @@ def test_from_a_bert_model_folder_then_export_to_transformers(tmp_path, caplog):
     assert cfg["architectures"] == ["BertForSequenceClassification"]
     assert cfg["id2label"] == {"0": "negative", "1": "positive", "2": "neutral"}
     assert cfg["label2id"] == {"negative": 0, "positive": 1, "neutral": 2}
+    assert cfg["num_labels"] == 3
     assert cfg["problem_type"] == "single_label_classification"
     loaded, info = transformers.BertForSequenceClassification.from_pretrained(
         out, output_loading_info=True)
@@ -153,7 +154,8 @@ def test_token_model_from_a_pretraining_folder_exports_without_a_pooler(tmp_path
         out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert not info["mismatched_keys"], info
-    assert loaded.config.id2label == id2label(TAGS)
+    assert loaded.config.id2label == id2label(TAGS) and loaded.config.num_labels == 7
+    assert loaded.config.label2id == {t: i for i, t in enumerate(TAGS)}
     ids, seg, mask = batch(2)
     got, want = ours(model, ids, seg, mask), torch_logits(loaded.eval(), ids, seg, mask)
     np.testing.assert_allclose(got[mask == 1], want[mask == 1], atol=TOL, rtol=0)
