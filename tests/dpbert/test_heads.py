@@ -245,6 +245,18 @@ def test_seq_rep_sources_and_head():
         model.sequence_representation(ids, seg, mask, source="mean")
 
 
+@pytest.mark.parametrize("task", ["sequence_classification", "token_classification"])
+def test_every_param_has_logical_axes_known_to_the_sharding_rules(task):
+    from dpbert import sharding
+    known = {name for name, _ in sharding.DEFAULT_RULES}
+    state = nnx.state(make(task, 4), nnx.Param)
+    for path, var in nnx.to_flat_state(state):
+        axes = var.get_metadata().get("out_sharding")
+        assert axes is not None and len(axes) == var[...].ndim, path
+        assert set(axes) <= known, (path, axes)
+        assert var[...].dtype == jnp.float32, path
+
+
 def test_bad_labels():
     with pytest.raises(ValueError, match="duplicates"):
         make("sequence_classification", ["a", "a"])
