@@ -379,9 +379,11 @@ class InputPrivatizer:
 
     # ------------------------------------------------------------------------- report
 
-    def report(self, *, epochs: int) -> dict[str, Any]:
-        """What the users' input privacy is, for results.json and the model card."""
-        return privacy_report(self.config, epochs=epochs,
+    def report(self, *, epochs: int, secret_key: bool = True) -> dict[str, Any]:
+        """What the users' input privacy is, for results.json and the model card.
+        `secret_key=False`: the run key came from a public seed (tests): the report says the
+        release is NOT private."""
+        return privacy_report(self.config, epochs=epochs, secret_key=secret_key,
                               dim=None if self.privatizer is None else self.privatizer.index.dim)
 
 
@@ -425,9 +427,16 @@ def _private_token_ids(index: dchi.SearchIndex, eta: jax.Array, keys: jax.Array,
     return dchi.nearest_token(_noisy_tokens(index, eta, keys, ids, positions), index)
 
 
-def privacy_report(config: InputPrivacyConfig, *, epochs: int, dim: int | None = None
-                   ) -> dict[str, Any]:
-    """The input-privacy part of a fine-tuning report (mode, η, releases, composed cost)."""
+SEEDED_NOTE = ("NOT private: the release keys derive from a public seed; anyone who knows it "
+               "can regenerate the noise and undo the privatization. For tests and debugging "
+               "only.")
+
+
+def privacy_report(config: InputPrivacyConfig, *, epochs: int, dim: int | None = None,
+                   secret_key: bool = True) -> dict[str, Any]:
+    """The input-privacy part of a fine-tuning report (mode, η, releases, composed cost).
+
+    `secret_key=False` (a run key from a public seed) makes every statement say NOT private."""
     mode = config.mode
     out: dict[str, Any] = {"mode": mode, "frozen": frozen_parts(mode)}
     if mode == "none":
@@ -442,7 +451,8 @@ def privacy_report(config: InputPrivacyConfig, *, epochs: int, dim: int | None =
         "eval_releases_per_example": 1,
         "composed_eta_train": eta * releases,
         "special_tokens": "never perturbed",
-        "key": "secret run key (not recorded)",
+        "key": ("secret run key (OS entropy, kept only in the private checkpoint)" if secret_key
+                else "public seed"),
     })
     if mode == "seq_rep":
         metric = f"‖s(x) − s(x')‖, s = {config.seq_rep_source} output of the frozen encoder"
@@ -466,7 +476,8 @@ def privacy_report(config: InputPrivacyConfig, *, epochs: int, dim: int | None =
     cost = (f"η·d_χ-privacy per example with d = {metric}, η = {eta:g}" if releases == 1 else
             f"fresh noise every epoch: {releases} independent releases of each training example "
             f"compose to ({releases}·η)·d_χ = {eta * releases:g}·d_χ-privacy (eval: η·d_χ)")
-    out["statement"] = (f"Local dχ-privacy (Qu et al. 2021): {sent} Each example was privatized "
+    out["statement"] = (("" if secret_key else SEEDED_NOTE + " ") +
+                        f"Local dχ-privacy (Qu et al. 2021): {sent} Each example was privatized "
                         f"with a key derived from a secret run key and its id, the same release "
                         f"in every epoch unless stated; the eval set was privatized too. "
                         f"Guarantee: {cost}.")

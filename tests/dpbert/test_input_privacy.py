@@ -119,6 +119,9 @@ def test_fresh_noise_each_epoch_and_its_report():
     assert once["frozen"] == [] and once["eval_releases_per_example"] == 1
     assert privatizer("token_rep").report(epochs=1)["frozen"] == [
         "bert/embeddings/word_embeddings (φ)"]
+    seeded = p.report(epochs=3, secret_key=False)
+    assert seeded["statement"].startswith("NOT private") and seeded["key"] == "public seed"
+    assert "NOT private" not in rep["statement"] and "OS entropy" in rep["key"]
     assert input_privacy.privacy_report(input_privacy.InputPrivacyConfig(), epochs=2) == {
         "mode": "none", "frozen": [],
         "statement": "No input privacy: the service received the raw token ids."}
