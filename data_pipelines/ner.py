@@ -203,7 +203,7 @@ def _note_sentences(seed: int, index: int, tables: dict) -> list[Sentence]:
         out.append(b.fill(_weighted(rng, _COURSE).replace("{His}", his)))
     out.append(b.fill("Pertinent Results :"))
     for _ in range(rng.randint(2, 3)):
-        out.append(b.fill(" , ".join(f"{{T}} {{value}}" for _ in range(rng.randint(3, 5)))
+        out.append(b.fill(" , ".join("{T} {value}" for _ in range(rng.randint(3, 5)))
                           + " ."))
     out.append(b.fill("Discharge Medications :"))
     out += [b.fill(f"{i + 1} . {{DRUG}}") for i in range(rng.randint(5, 10))]

@@ -70,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from data_pipelines import tokenization
 from dpbert import dchi
 from dpbert import heads
 
@@ -237,8 +238,7 @@ class InputPrivatizer:
         head only). `vocab`: the tokens (index = id) or a vocab.txt.
         """
         if isinstance(vocab, (str, os.PathLike)):
-            from dpbert import hf
-            vocab = hf.read_vocab(vocab)
+            vocab = tokenization.load_vocab(vocab)
         vocab = list(vocab)
         if config.mode in _TOKEN_MODES:
             table = np.asarray(jax.device_get(model.bert.embeddings.word_embeddings.embedding[...]))
