@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from data_pipelines import tokenization
 from dpbert import model as model_lib
 from dpbert import report as report_lib
 
@@ -252,18 +253,6 @@ def state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
             for p, var in _flat_params(model).items()}
 
 
-def read_vocab(vocab_file: str | os.PathLike) -> list[str]:
-    path = pathlib.Path(vocab_file)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: vocab file not found")
-    tokens = path.read_text(encoding="utf-8").splitlines()
-    # BERT vocab files may end with a newline; blank lines inside are real (rare) entries only if
-    # followed by more tokens, so strip trailing blanks alone.
-    while tokens and not tokens[-1].strip():
-        tokens.pop()
-    return tokens
-
-
 def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any] | None,
                source: str | None, num_params: int, do_lower_case: bool,
                architecture: str = "BertForPreTraining",
@@ -326,7 +315,7 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     from safetensors.numpy import save_file
 
     config: model_lib.BertConfig = model.config
-    vocab = read_vocab(vocab_file)
+    vocab = tokenization.load_vocab(vocab_file)
     if len(vocab) != config.vocab_size:
         raise ValueError(f"{vocab_file}: has {len(vocab)} tokens but the model's vocab_size is "
                          f"{config.vocab_size}")
