@@ -106,7 +106,8 @@ class Task(Protocol):
     name: str
 
     def validate(self, config: ml_collections.ConfigDict) -> None: ...
-    def prepare(self, config, workdir: pathlib.Path) -> TaskData: ...
+    def prepare(self, config, workdir: pathlib.Path,
+                task_key: np.ndarray) -> TaskData: ...  # task_key: secret uint32[2]
     def build_model(self, config, data: TaskData) -> nnx.Module: ...
     def trainable(self, config) -> Any: ...  # a dpbert.dp.trees.TrainableFilter
     def loss(self, graphdef, config, shape: str) -> Callable: ...  # clipping.LOSS_SHAPES
@@ -249,12 +250,14 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         checkpointing.check_compatible(saved["signature"], signature, str(workdir))
         secrets = None  # the run's secrets live in its checkpoint
         sampler_seed, secret = int(saved["sampler"]["seed"]), bool(saved["secret_randomness"])
+        task_key = np.asarray(saved["task_key"], np.uint32)
     else:
         secrets = randomness.for_run(config.dp.insecure_seeded_noise or not config.dp.enabled,
                                      config.seed)
         sampler_seed, secret = secrets.sampler_seed, secrets.secret
+        task_key = secrets.task_key_array()
 
-    data = task.prepare(config, workdir)
+    data = task.prepare(config, workdir, task_key)
     data_hash = data.train.metadata.get("content_sha256")
     if saved is not None and saved.get("data_fingerprint") != data_hash:
         raise ConfigError(
@@ -349,7 +352,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data.eval, config, mesh,
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
-                  start_step, signature, secret, vocab_part, rows, mesh, run_info)
+                  start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key)
 
 
 @dataclasses.dataclass
@@ -386,7 +389,7 @@ class Evaluator:
 
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
-           start_step, signature, secret, vocab_part, rows, mesh, run_info) -> dict:
+           start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key) -> dict:
     b = config.batch
     sampler = plan.sampler
 
@@ -408,8 +411,8 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now)
 
     saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
-        "content_sha256"), run_hash=run_info_hash(run_info), plan=plan, sampler=sampler,
-        report_at=report_at)
+        "content_sha256"), run_hash=run_info_hash(run_info), task_key=task_key, plan=plan,
+        sampler=sampler, report_at=report_at)
     writer = metrics_lib.MetricWriter(workdir)
     initial_eval = {}
     if data.eval is not None and start_step == 0 and config.train.eval_every:
@@ -499,12 +502,13 @@ class _Saver:
     """Checkpoints + the report: privacy_report.json is written only for a step whose
     checkpoint is complete, so the report is never newer than the newest checkpoint."""
 
-    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, run_hash, plan, sampler,
-                 report_at):
+    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, run_hash, task_key, plan,
+                 sampler, report_at):
         self.ckpt, self.workdir, self.plan, self.sampler = ckpt, workdir, plan, sampler
         self.report_at = report_at
         self.fixed = {"signature": signature, "secret_randomness": secret,
-                      "data_fingerprint": data_hash, "run_sha256": run_hash}
+                      "data_fingerprint": data_hash, "run_sha256": run_hash,
+                      "task_key": [int(x) for x in np.asarray(task_key).reshape(-1)]}
         self.pending: tuple[int, dict] | None = None
 
     def save(self, step: int, state, by_budget: bool = False) -> None:

@@ -29,16 +29,20 @@ SEEDED_NOTE = ("NOT private: noise and batch sampling derived from a public seed
 SECRET_NOTE = ("Noise and batch sampling are drawn from OS entropy at the start of the run and "
                "kept only in the (private) checkpoints.")
 _NOISE_STREAM = 1  # the engine's former noise stream of the seed's key (bitwise compatible)
+_TASK_STREAM = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSecrets:
     """noise_key: raw uint32[2] JAX PRNG key of the DP noise; sampler_seed: Poisson sampler
-    seed (non-negative, < 2**63); secret: False when derived from a public seed."""
+    seed (non-negative, < 2**63); task_key: raw uint32[2] key of a task's own secret randomness
+    (e.g. the one-time dχ release of fine-tuning inputs, standing for the users' local noise);
+    secret: False when derived from a public seed."""
 
     noise_key: tuple[int, int]
     sampler_seed: int
     secret: bool
+    task_key: tuple[int, int] = (0, 0)
 
     def __repr__(self) -> str:  # never print the values (logs are not private)
         return f"RunSecrets(secret={self.secret}, values hidden)"
@@ -46,7 +50,8 @@ class RunSecrets:
     @classmethod
     def draw(cls) -> "RunSecrets":
         """Fresh secrets from OS entropy (`secrets`, i.e. os.urandom)."""
-        return cls((secrets.randbits(32), secrets.randbits(32)), secrets.randbits(63), True)
+        return cls((secrets.randbits(32), secrets.randbits(32)), secrets.randbits(63), True,
+                   (secrets.randbits(32), secrets.randbits(32)))
 
     @classmethod
     def seeded(cls, seed: int) -> "RunSecrets":
@@ -54,19 +59,22 @@ class RunSecrets:
         sampler seed is `seed`, which is what every run used before secrets existed."""
         import jax  # noqa: PLC0415  (host-only users need not import JAX)
 
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), _NOISE_STREAM)
-        k0, k1 = (int(x) for x in np.asarray(key, np.uint32).reshape(2))
-        return cls((k0, k1), int(seed), False)
+        def key(stream: int) -> tuple[int, int]:
+            k = jax.random.fold_in(jax.random.PRNGKey(seed), stream)
+            k0, k1 = (int(x) for x in np.asarray(k, np.uint32).reshape(2))
+            return k0, k1
+
+        return cls(key(_NOISE_STREAM), int(seed), False, key(_TASK_STREAM))
 
     def to_array(self) -> np.ndarray:
         seed = self.sampler_seed
-        return np.asarray([*self.noise_key, seed >> 32, seed & 0xFFFFFFFF, int(self.secret)],
-                          np.uint32)
+        return np.asarray([*self.noise_key, seed >> 32, seed & 0xFFFFFFFF, int(self.secret),
+                           *self.task_key], np.uint32)
 
     @classmethod
     def from_array(cls, a: np.ndarray) -> "RunSecrets":
         a = [int(x) for x in np.asarray(a, np.uint32)]
-        return cls((a[0], a[1]), (a[2] << 32) | a[3], bool(a[4]))
+        return cls((a[0], a[1]), (a[2] << 32) | a[3], bool(a[4]), (a[5], a[6]))
 
     def broadcast(self) -> "RunSecrets":
         """Process 0's values on every process (identity in a single-process run)."""
@@ -81,6 +89,9 @@ class RunSecrets:
 
     def noise_key_array(self) -> np.ndarray:
         return np.asarray(self.noise_key, np.uint32)
+
+    def task_key_array(self) -> np.ndarray:
+        return np.asarray(self.task_key, np.uint32)
 
 
 def for_run(insecure_seeded: bool, seed: int) -> RunSecrets:

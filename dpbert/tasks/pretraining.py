@@ -73,7 +73,7 @@ class PretrainingTask:
 
     # ---------------------------------------------------------------------------- data
 
-    def prepare(self, config, workdir: pathlib.Path) -> loop.TaskData:
+    def prepare(self, config, workdir: pathlib.Path, task_key) -> loop.TaskData:
         from data_pipelines import pretraining  # noqa: PLC0415
 
         data_config = prepare_corpus(config, workdir)

@@ -93,7 +93,7 @@ class _FailingCheckpointer:
 
 def test_the_report_never_runs_ahead_of_the_newest_checkpoint(tmp_path):
     saver = loop._Saver(_FailingCheckpointer(), tmp_path, {}, True, data_hash="h", run_hash="r",
-                        plan=type("P", (), {"ledger": None})(),
+                        task_key=[0, 0], plan=type("P", (), {"ledger": None})(),
                         sampler=type("S", (), {"state_dict": lambda self: {}})(),
                         report_at=lambda step, by_budget=False: {"steps": step})
     saver.save(2, state=None)  # step 2 exists already: its report may be written
