@@ -33,6 +33,8 @@ def main(argv):
     from dpbert.tasks import finetuning
 
     std_logging.getLogger("absl").addFilter(_quiet_libraries)
+    if not flags.FLAGS["verbosity"].present:  # progress lines are printed; INFO would repeat them
+        logging.set_verbosity(logging.WARNING)
     try:
         results = finetuning.run(_CONFIG.value, _WORKDIR.value)
     except (FileNotFoundError, ValueError, OSError, FloatingPointError) as e:

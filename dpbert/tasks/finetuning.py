@@ -154,6 +154,10 @@ def validate_common(task_name: str, config) -> InputMode:
          f"not available for the {task_name} task (it supports {list(mode.tasks)})")
     mode.validate(config)
     shape = clipping.get_clipper(config.dp.clipping if config.dp.enabled else "none").loss_shape
+    if shape == "factored":
+        need(False, "dp.clipping", config.dp.clipping,
+             "ghost clipping factors the TIED word embedding of the MLM head, which a "
+             "fine-tuning model does not have; use dp.clipping='vmap'")
     if shape not in mode.loss_shapes:
         why = ("its loss mixes examples, so per-example clipping (DP-SGD) is impossible; set "
                "dp.enabled=False" if "batch" in mode.loss_shapes else
@@ -161,10 +165,6 @@ def validate_common(task_name: str, config) -> InputMode:
         need(False, "dp.clipping" if config.dp.enabled else "dp.enabled",
              config.dp.clipping if config.dp.enabled else config.dp.enabled,
              f"privacy.mode={mode.name!r}: {why}")
-    if shape == "factored":
-        need(False, "dp.clipping", config.dp.clipping,
-             "ghost clipping factors the TIED word embedding of the MLM head, which a "
-             "fine-tuning model does not have; use dp.clipping='vmap'")
     need(config.train.epochs >= 0, "train.epochs", config.train.epochs, "must be >= 0")
     need(config.optimizer.warmup_fraction is None or 0 <= config.optimizer.warmup_fraction < 1,
          "optimizer.warmup_fraction", config.optimizer.warmup_fraction, "must be in [0, 1)")
