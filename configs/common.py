@@ -309,3 +309,85 @@ def data_config() -> ml_collections.ConfigDict:
     # Batches prepared ahead of the trainer by background threads.
     c.prefetch = 2
     return c
+
+
+def finetune_config() -> ml_collections.ConfigDict:
+    """What every fine-tuning config shares (configs/finetune_*.py): `get_config()` with the
+    pretraining-only sections removed, the fine-tuning data/privacy sections added, and
+    defaults for one CPU. Fields that differ from `get_config()` are commented here."""
+    c = get_config()
+    # Pretraining only: the corpus pipeline, the DP vocabulary builder, privacy-adaptive MLM.
+    del c.dchi, c.mlm_target
+    del c.model.size, c.model.max_position_embeddings  # the checkpoint's config.json decides
+    # The checkpoint to fine-tune (required): a Hugging Face BERT folder (BertModel such as
+    # MiniLM, dpbert's pretraining export, or a fine-tuned BertFor*Classification).
+    c.model.init_from_hf = ""
+    # Dropout before the classifier (None = model.hidden_dropout_prob, as Hugging Face).
+    c.model.classifier_dropout = config_dict.placeholder(float)
+
+    c.vocab = ml_collections.ConfigDict()
+    # The data's tokenizer vocabulary ("" = the checkpoint's vocab.txt). One that differs from
+    # the checkpoint's vocab.txt, or has another size than its word embeddings, is refused.
+    c.vocab.file = ""
+
+    c.data = ml_collections.ConfigDict()
+    # Training and held-out files (each task says its format and what "" means).
+    c.data.train = ""
+    c.data.eval = ""
+    # Label names in class-id order (() = from the training data).
+    c.data.labels = ()
+    # WordPieces per sequence, [CLS] and [SEP] included.
+    c.data.max_seq_length = 128
+    # Batches prepared ahead of the trainer by a background thread.
+    c.data.prefetch = 2
+
+    # Input privacy (Qu et al. 2021): what the users release instead of their text, once,
+    # before training (dpbert.tasks.finetuning's input modes). The service trains and evaluates
+    # on the released train and eval splits only.
+    c.privacy = ml_collections.ConfigDict()
+    # none (raw text) | token_rep (a noisy embedding per token; the word embeddings are frozen)
+    # | text_to_text (the nearest vocabulary token to it) | seq_rep (a noisy sentence vector
+    # from the frozen encoder; the head alone trains; classification only).
+    c.privacy.mode = "none"
+    # η of dχ-privacy (larger = less noise; noise norm ~ Gamma(n, 1/η), mean n/η for embedding
+    # width n). For MiniLM (n = 384) the text_to_text inversion accuracy on RT is about
+    # 0.05 / 0.25 / 0.5 / 0.87 / 0.97 at η = 40 / 60 / 75 / 100 / 120. Ignored for mode none.
+    c.privacy.eta = 75.0
+    # Re-privatize the training split every epoch: E epochs then cost E·η by composition (the
+    # report says so); False = one release, seen in every epoch (the local-privacy model).
+    c.privacy.fresh_noise_each_epoch = False
+    # seq_rep: s(x) = "pooled" (the pooler output HF's classifier reads) or "cls_hidden".
+    c.privacy.seq_rep_source = "pooled"
+    # Memory/speed knobs of the release (regular tokens / sentences per jitted call, vocabulary
+    # rows per step of the exact nearest-token search).
+    c.privacy.tokens_per_call = 4096
+    c.privacy.examples_per_call = 256
+    c.privacy.chunk_size = 4096
+
+    # DP-SGD on the downstream set (its own (ε, δ), privacy unit: one training example as the
+    # task defines it). Off by default: the downstream data is protected by the input privacy.
+    c.dp.enabled = False
+    # The vmap clipper: ghost clipping (the default for pretraining) factors the tied word
+    # embedding of the MLM head, which a classifier does not have.
+    c.dp.clipping = "vmap"
+    c.dp.delta = 1e-5
+
+    c.batch.expected_batch_size = 32
+    c.batch.physical_batch_size = 32
+    c.batch.microbatch_size = config_dict.placeholder(int)
+
+    c.optimizer.learning_rate = 5e-5
+    # Warm-up as a fraction of train.num_steps (None = optimizer.warmup_steps as given).
+    c.optimizer.warmup_fraction = 0.1
+    c.optimizer.weight_decay = 0.01
+
+    # Epochs over the training set; > 0 sets train.num_steps = ceil(epochs x N / B) with
+    # B = batch.expected_batch_size (0 = train.num_steps as given).
+    c.train.epochs = 2.0
+    c.train.log_every = 20
+    c.train.eval_every = 0
+    c.train.eval_batches = 0  # the whole held-out split
+    c.train.eval_batch_size = 64
+    c.checkpoint.every_steps = 200
+    c.checkpoint.max_to_keep = 2
+    return c

@@ -192,6 +192,49 @@ _CONDITIONS = {
 }
 _CONDITION_KEYS = tuple(_CONDITIONS)
 
+# Medical concepts of each condition beyond the note tables above, for the i2b2-2010-shaped
+# concept-extraction set (`data_pipelines.ner`): findings (problems), the tests that look for
+# them, and non-drug treatments. The drug names of `_CONDITIONS[...]["meds"]`, the condition
+# names and complaints, and the lab names of `_LABS` are the other entries (`concept_tables`).
+_CONCEPT_EXTRAS = {
+    "chf": dict(findings=("pulmonary vascular congestion", "cardiomegaly", "pleural effusions",
+                          "pitting edema", "elevated JVP"),
+                tests=("chest x-ray", "echocardiogram", "BNP", "daily weights"),
+                procedures=("fluid restriction", "a low sodium diet", "IV diuresis")),
+    "pneumonia": dict(findings=("right lower lobe consolidation", "rhonchi", "a productive cough",
+                                "leukocytosis"),
+                      tests=("blood cultures", "sputum culture", "chest x-ray",
+                             "procalcitonin"),
+                      procedures=("supplemental oxygen", "chest physiotherapy")),
+    "diabetes": dict(findings=("hyperglycemia", "peripheral neuropathy", "diabetic ketoacidosis"),
+                     tests=("hemoglobin A1c", "fingerstick glucose", "urine ketones"),
+                     procedures=("an insulin sliding scale", "a diabetic diet",
+                                 "diabetes teaching")),
+    "afib": dict(findings=("rapid ventricular response", "an irregularly irregular rhythm"),
+                 tests=("ECG", "telemetry", "TSH", "INR"),
+                 procedures=("cardioversion", "rate control", "anticoagulation")),
+    "copd": dict(findings=("diffuse wheezes", "hypercarbia", "a COPD exacerbation"),
+                 tests=("arterial blood gas", "pulmonary function tests", "chest CT"),
+                 procedures=("nebulizers", "BiPAP", "pulmonary rehabilitation")),
+    "ckd": dict(findings=("acute kidney injury", "hyperkalemia", "anemia of chronic disease"),
+                tests=("renal ultrasound", "urinalysis", "urine electrolytes", "creatinine"),
+                procedures=("IV fluids", "hemodialysis", "renal dosing of medications")),
+    "uti": dict(findings=("pyuria", "altered mental status", "urosepsis"),
+                tests=("urine culture", "urinalysis", "blood cultures"),
+                procedures=("IV antibiotics", "Foley catheter removal")),
+    "stroke": dict(findings=("an acute infarct", "dysarthria", "a left pronator drift",
+                             "hemiparesis"),
+                   tests=("MRI of the brain", "CT head", "carotid ultrasound", "lipid panel"),
+                   procedures=("physical therapy", "speech therapy", "tPA")),
+    "gi_bleed": dict(findings=("a gastric ulcer", "melena", "acute blood loss anemia"),
+                     tests=("EGD", "hematocrit", "type and screen", "stool guaiac"),
+                     procedures=("packed red blood cells", "a proton pump inhibitor drip",
+                                 "endoscopic clipping")),
+    "hypertension": dict(findings=("hypertensive urgency", "left ventricular hypertrophy"),
+                         tests=("blood pressure", "basic metabolic panel"),
+                         procedures=("a low salt diet", "lifestyle modification")),
+}
+
 _NORMAL_EXAM = {
     "General": ("Alert and oriented x3, in no acute distress.", "Elderly, frail appearing, "
                 "lying in bed.", "Well appearing, pleasant."),
@@ -507,6 +550,41 @@ _CATEGORY_WEIGHTS = (("Discharge summary", 0.25), ("Radiology", 0.35), ("Nursing
 
 
 # ------------------------------------------------------------------------------ public API
+
+def concept_tables() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Medical concepts per condition key, as i2b2-2010's three types.
+
+    Returns {condition: {"problem": ..., "test": ..., "treatment": ...}}: problems are the
+    condition's name (placeholders filled with typical values), complaints and findings; tests
+    its tests; treatments its drug names and non-drug treatments. Plus the key "_labs" with the
+    lab names of the notes' lab lines (tests). Deterministic (no randomness).
+    """
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for key, cond in _CONDITIONS.items():
+        extra = _CONCEPT_EXTRAS[key]
+        name = cond["name"].replace("{stage}", "3")
+        out[key] = {
+            "problem": (name, *cond["complaints"], *extra["findings"]),
+            "test": tuple(extra["tests"]),
+            "treatment": (*(m[0] for m in cond["meds"]), *extra["procedures"]),
+        }
+    out["_labs"] = {"problem": (), "test": tuple(lab[0] for lab in _LABS), "treatment": ()}
+    return out
+
+
+def condition_keys() -> tuple[str, ...]:
+    return _CONDITION_KEYS
+
+
+def patient(seed: int, subject_id: int):
+    """The made-up patient (name, sex, age, conditions, ...) behind `subject_id` for `seed`."""
+    return _patient(seed, subject_id)
+
+
+def rng_for(seed: int, *key: object) -> random.Random:
+    """An independent `random.Random` for (seed, key)."""
+    return _rng_for(seed, *key)
+
 
 def _poisson(rng: random.Random, lam: float) -> int:
     """A Poisson(lam) draw (Knuth's method; lam is small here)."""

@@ -23,7 +23,7 @@ import os
 import pathlib
 import shutil
 import tempfile
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -259,8 +259,13 @@ def state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
 
 
 def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any] | None,
-               source: str | None, num_params: int, do_lower_case: bool) -> str:
-    """A model card (README.md) whose privacy section states only what is true."""
+               source: str | None, num_params: int, do_lower_case: bool,
+               architecture: str = "BertForPreTraining",
+               extra_sections: Sequence[str] = ()) -> str:
+    """A model card (README.md) whose privacy section states only what is true.
+
+    `architecture` is the transformers class the folder is for; `extra_sections` are Markdown
+    blocks appended at the end (e.g. a fine-tuning run's input-privacy statement)."""
     lines = [
         "---",
         "library_name: transformers",
@@ -273,21 +278,23 @@ def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any
         "",
         "# BERT exported by dpbert",
         "",
-        f"A `BertForPreTraining` model ({config.num_hidden_layers} layers, hidden "
+        f"A `{architecture}` model ({config.num_hidden_layers} layers, hidden "
         f"{config.hidden_size}, {config.num_attention_heads} heads, vocabulary "
         f"{config.vocab_size}, {num_params:,} parameters; "
         f"{'uncased' if do_lower_case else 'cased'}) written by dpbert on "
         f"{datetime.date.today().isoformat()}.",
         "",
         "```python",
-        "from transformers import BertForPreTraining, BertTokenizerFast",
-        'model = BertForPreTraining.from_pretrained("PATH")',
+        f"from transformers import {architecture}, BertTokenizerFast",
+        f'model = {architecture}.from_pretrained("PATH")',
         "```",
         "",
     ]
     if source:
         lines += [f"Weights were converted from `{source}`.", ""]
     lines += report_lib.card_section(privacy_report)
+    for section in extra_sections:
+        lines += [section.rstrip("\n"), ""]
     return "\n".join(lines)
 
 
@@ -336,8 +343,14 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
                     vocab_file: str | os.PathLike, *, do_lower_case: bool = True,
                     model_max_length: int | None = None,
                     privacy_report: Mapping[str, Any] | None = None,
-                    source: str | None = None, overwrite: bool = True) -> pathlib.Path:
+                    source: str | None = None, overwrite: bool = True,
+                    architecture: str = "BertForPreTraining",
+                    hf_config_overrides: Mapping[str, Any] | None = None,
+                    card_sections: Sequence[str] = ()) -> pathlib.Path:
     """Writes a HF BERT folder that `transformers.BertForPreTraining.from_pretrained` loads.
+
+    Task models (`dpbert.heads`) pass their `architecture` and the config keys HF needs for it
+    (`hf_config_overrides`, e.g. id2label); `dpbert.hf_heads.save_task_model` does that.
 
     Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
     card with a privacy section; `privacy_report` is the training's report when there is one),
@@ -378,7 +391,11 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         "cls_token": "[CLS]", "mask_token": "[MASK]",
     }
     card = model_card(config, privacy_report=privacy_report, source=source,
-                      num_params=model_lib.count_params(model), do_lower_case=do_lower_case)
+                      num_params=model_lib.count_params(model), do_lower_case=do_lower_case,
+                      architecture=architecture, extra_sections=card_sections)
+    hf_config = config_to_hf(config)
+    hf_config["architectures"] = [architecture]
+    hf_config.update(hf_config_overrides or {})
     parent = out.absolute().parent
     parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-export-"))
@@ -386,7 +403,7 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
     try:
-        (tmp / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")

@@ -87,6 +87,9 @@ class TaskData:
     vocab_origin: str = "file"  # "built" here from the corpus, "file" or "checkpoint"
     max_seq_length: int | None = None
     extra: dict = dataclasses.field(default_factory=dict)
+    # What one training example (the privacy unit "example") is, in words, for the report;
+    # None = one pretraining sequence.
+    unit_definition: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,8 +255,11 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         sampler_seed, secret = int(saved["sampler"]["seed"]), bool(saved["secret_randomness"])
         task_key = np.asarray(saved["task_key"], np.uint32)
     else:
+        # Without DP-SGD the noise and sampler may come from the public seed (reproducible
+        # runs); the task key is secret unless the run says it is insecure.
         secrets = randomness.for_run(config.dp.insecure_seeded_noise or not config.dp.enabled,
-                                     config.seed)
+                                     config.seed,
+                                     seeded_task_key=config.dp.insecure_seeded_noise)
         sampler_seed, secret = secrets.sampler_seed, secrets.secret
         task_key = secrets.task_key_array()
 
@@ -407,7 +413,7 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                 target_epsilon=config.dp.target_epsilon, stopped_by_budget=by_budget)
         return report_lib.run_report(
             training, vocab_part, privacy_unit=config.dp.privacy_unit,
-            max_seq_length=data.max_seq_length,
+            max_seq_length=data.max_seq_length, unit=data.unit_definition,
             multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now)
 
     saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(

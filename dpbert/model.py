@@ -291,16 +291,18 @@ class BertPooler(nnx.Module):
 class BertModel(nnx.Module):
     """The encoder: embeddings, L post-LN layers, pooler (HF `BertModel`)."""
 
-    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, add_pooling_layer: bool = True):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs=rngs)
         self.encoder = BertEncoder(config, rngs=rngs)
-        self.pooler = BertPooler(config, rngs=rngs)
+        # HF's BertForTokenClassification has no pooler (`add_pooling_layer=False`).
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer else None
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array, *,
                  deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  word_embeddings: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-        """[B, S] ids, segments, mask (1 = real token) -> ([B, S, H], [B, H])."""
+        """[B, S] ids, segments, mask (1 = real token) -> ([B, S, H], [B, H] or None when the
+        model has no pooler)."""
         if not deterministic and rngs is None:
             raise ValueError("dropout is on (deterministic=False) but no rngs were given; pass "
                              "rngs=nnx.Rngs(dropout=key)")
@@ -310,7 +312,7 @@ class BertModel(nnx.Module):
         x = self.embeddings(input_ids, segment_ids, deterministic=deterministic, rngs=rngs,
                             word_embeddings=word_embeddings)
         x = self.encoder(x, mask_bias, deterministic=deterministic, rngs=rngs)
-        return x, self.pooler(x)
+        return x, None if self.pooler is None else self.pooler(x)
 
 
 class BertPredictionHeadTransform(nnx.Module):

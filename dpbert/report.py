@@ -125,9 +125,11 @@ def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_un
 
 def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
                *, privacy_unit: str, max_seq_length: int | None,
-               multiplicity: Mapping[str, Any] | None, steps: int) -> dict[str, Any]:
-    """privacy_report.json: the total first, then its parts."""
-    unit = unit_definition(privacy_unit, max_seq_length)
+               multiplicity: Mapping[str, Any] | None, steps: int,
+               unit: str | None = None) -> dict[str, Any]:
+    """privacy_report.json: the total first, then its parts. `unit`: what one example is, in
+    words (a task's own definition; default `unit_definition`)."""
+    unit = unit or unit_definition(privacy_unit, max_seq_length)
     report: dict[str, Any] = {"dp": training is not None, "steps": steps,
                               "privacy_unit": privacy_unit, "unit_definition": unit}
     if multiplicity:

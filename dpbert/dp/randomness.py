@@ -94,6 +94,18 @@ class RunSecrets:
         return np.asarray(self.task_key, np.uint32)
 
 
-def for_run(insecure_seeded: bool, seed: int) -> RunSecrets:
-    """The secrets of a fresh run: drawn (and shared by all processes), or seeded."""
-    return RunSecrets.seeded(seed) if insecure_seeded else RunSecrets.draw().broadcast()
+def for_run(insecure_seeded: bool, seed: int, *,
+            seeded_task_key: bool | None = None) -> RunSecrets:
+    """The secrets of a fresh run: drawn (and shared by all processes), or seeded.
+
+    `seeded_task_key` (default: `insecure_seeded`) decides the task key on its own: a run
+    without DP-SGD may take its (then meaningless) noise and sampling from the public seed, but
+    a task's own secret randomness (the users' dχ release of fine-tuning inputs) must still
+    come from OS entropy unless the run is explicitly insecure."""
+    seeded_task_key = insecure_seeded if seeded_task_key is None else seeded_task_key
+    out = RunSecrets.seeded(seed) if insecure_seeded else RunSecrets.draw().broadcast()
+    if seeded_task_key == insecure_seeded:
+        return out
+    task_key = (RunSecrets.seeded(seed) if seeded_task_key
+                else RunSecrets.draw().broadcast()).task_key
+    return dataclasses.replace(out, task_key=task_key)

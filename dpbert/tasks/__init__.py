@@ -3,7 +3,9 @@ its eval and its export. A new task is a module here and one entry in `_TASKS`."
 
 import importlib
 
-_TASKS = {"pretraining": "dpbert.tasks.pretraining"}
+_TASKS = {"pretraining": "dpbert.tasks.pretraining",
+          "classification": "dpbert.tasks.classification",
+          "ner": "dpbert.tasks.ner"}
 
 
 def get_task(name: str):

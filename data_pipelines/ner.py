@@ -1,0 +1,522 @@
+"""Token-classification (NER) data: an i2b2-2010-shaped synthetic set, CoNLL BIO files,
+first-WordPiece labelling, 128-piece windows, and k-fold splits by document.
+
+    docs = ner.generate_i2b2_like(170, seed=0)               # or ner.read_conll(paths)
+    for train_idx, test_idx in ner.kfold_documents(len(docs), k=5, seed=0):
+        train = ner.encode_documents([docs[i] for i in train_idx], tokenizer, ner.I2B2_TAGS)
+        test = ner.encode_documents([docs[i] for i in test_idx], tokenizer, ner.I2B2_TAGS)
+        ...  # train on train.features; predict tags [N, S] on test.features
+        words = ner.word_predictions(pred, test)             # doc -> sentence -> tags
+        report = ner_metrics.entity_f1(ner.gold_tags(test_docs), flatten(words))
+
+## The synthetic set
+
+i2b2-2010 concept extraction (Uzuner et al. 2011) has 170 labelled discharge summaries with
+problem / test / treatment concepts (7,073 / 4,608 / 4,844), but it is behind a data-use
+agreement. `generate_i2b2_like` writes notes of the same shape from `synthetic_notes`' own
+tables (conditions with their complaints, findings, tests, drugs and other treatments; lab
+names): history, past medical history, hospital course, labs, discharge medications, diagnoses
+and instructions, sentences pre-split into words (punctuation apart), BIO over the 3 types
+(`I2B2_TAGS`, 7 tags). Each note's concepts mostly come from its patient's conditions, so
+context matters (the same word can be O, a test or a treatment). Deterministic in the seed;
+note i does not depend on how many notes are made.
+
+## CoNLL files
+
+`read_conll`: one `token<space or TAB>...<TAB>tag` per line (the first column is the word, the
+last the tag, so CoNLL-2003's 4-column layout reads too), a blank line between sentences, and
+`-DOCSTART-` lines between documents (a file without them is one document). Tags must be `O`
+or `<B|I|E|S>-<type>`. Errors name the file and line, never the word (it may be private).
+
+## Examples
+
+Each word is labelled at its FIRST WordPiece; other pieces, [CLS], [SEP] and padding get -100
+(`IGNORE_LABEL`). A unit (a sentence, or a whole document with `unit="document"`) longer than
+`max_seq_len - 2` pieces is cut into windows of that many pieces every `stride` (64) pieces, so
+neighbouring windows overlap. Every window is labelled for training; for evaluation each word
+is scored once, in the window where its first piece has the most context on both sides
+(`word_index`), and `word_predictions` maps piece-level predictions back to word-level tags
+(`word_predictions(features["labels"])` gives back the gold tags exactly).
+
+Windows of one unit share its `example_id` and give each piece its offset in the unit as
+`position_ids`, so a dχ release (`dpbert.input_privacy`) privatizes a token in an overlap once,
+not once per window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import random
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from data_pipelines import synthetic_notes, tokenization
+from data_pipelines.classification import DataError, describe_label
+from dpbert import ner_metrics
+
+TYPES = ("problem", "test", "treatment")
+I2B2_TAGS = ("O", "B-problem", "I-problem", "B-test", "I-test", "B-treatment", "I-treatment")
+IGNORE_LABEL = -100
+DOCSTART = "-DOCSTART-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+
+    def __post_init__(self):
+        if len(self.words) != len(self.tags):
+            raise ValueError(f"{len(self.words)} words but {len(self.tags)} tags")
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    doc_id: str
+    sentences: tuple[Sentence, ...]
+
+    @property
+    def num_words(self) -> int:
+        return sum(len(s.words) for s in self.sentences)
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+def _split_words(text: str) -> list[str]:
+    return text.split()
+
+
+class _NoteBuilder:
+    """Builds one note's sentences from word/slot templates.
+
+    Slots: {P} problem, {T} test, {R} treatment, {DRUG} a drug line (the drug is a treatment;
+    dose, route and frequency are O), {PMH} a problem of the patient's own conditions; plain
+    fillers: {He} {he} {his} {man} {age} {n} {Last} {value}.
+    """
+
+    def __init__(self, rng: random.Random, patient, tables: dict):
+        self.rng, self.p, self.tables = rng, patient, tables
+        self.conditions = [c for c in patient.conditions]
+        self.all_conditions = list(synthetic_notes.condition_keys())
+
+    def _condition(self) -> str:
+        if self.rng.random() < 0.8:
+            return self.rng.choice(self.conditions)
+        return self.rng.choice(self.all_conditions)
+
+    def concept(self, kind: str) -> str:
+        if kind == "test" and self.rng.random() < 0.25:
+            return self.rng.choice(self.tables["_labs"]["test"])
+        return self.rng.choice(self.tables[self._condition()][kind])
+
+    def _drug(self) -> tuple[str, list[str]]:
+        meds = synthetic_notes._CONDITIONS[self._condition()]["meds"]
+        name, doses, routes, freqs = self.rng.choice(meds)
+        tail = f"{self.rng.choice(doses)} {self.rng.choice(routes)} {self.rng.choice(freqs)}"
+        return name, _split_words(tail)
+
+    def fill(self, template: str) -> Sentence:
+        rng, p = self.rng, self.p
+        he = "he" if p.sex == "M" else "she"
+        plain = {"{He}": he.capitalize(), "{he}": he, "{his}": "his" if p.sex == "M" else "her",
+                 "{man}": "man" if p.sex == "M" else "woman", "{age}": str(p.age),
+                 "{n}": str(rng.randint(2, 10)), "{Last}": p.last,
+                 "{value}": str(round(rng.uniform(0.5, 140.0), rng.choice((0, 1))))}
+        kinds = {"{P}": "problem", "{T}": "test", "{R}": "treatment"}
+        words: list[str] = []
+        tags: list[str] = []
+
+        def entity(phrase: str, kind: str):
+            pieces = _split_words(phrase)
+            words.extend(pieces)
+            tags.extend([f"B-{kind}"] + [f"I-{kind}"] * (len(pieces) - 1))
+
+        for token in template.split():
+            if token in kinds:
+                entity(self.concept(kinds[token]), kinds[token])
+            elif token == "{PMH}":
+                cond = rng.choice(self.conditions)
+                entity(self.tables[cond]["problem"][0], "problem")
+            elif token == "{DRUG}":
+                name, tail = self._drug()
+                entity(name, "treatment")
+                words.extend(tail)
+                tags.extend(["O"] * len(tail))
+            else:
+                for w in _split_words(plain.get(token, token)):
+                    words.append(w)
+                    tags.append("O")
+        return Sentence(tuple(words), tuple(tags))
+
+
+_HISTORY = (
+    ("Mr. {Last} is a {age} year old {man} with a history of {PMH} who presents with {P} .", 3),
+    ("{He} reports {P} and {P} for {n} days .", 3),
+    ("{He} denies {P} , {P} or {P} .", 2),
+    ("In the ED , {T} was {value} and {T} showed {P} .", 2),
+    ("{He} was given {R} in the ED with some relief of {his} {P} .", 2),
+    ("{He} was recently treated with {R} for {P} .", 1),
+)
+_COURSE = (
+    ("# {P} : {He} was started on {DRUG} .", 4),
+    ("{T} showed {P} .", 4),
+    ("{T} was negative for {P} .", 2),
+    ("{P} was treated with {R} and {R} .", 3),
+    ("{He} underwent {T} which revealed {P} .", 3),
+    ("{R} was held in the setting of {P} .", 2),
+    ("{He} was given {R} for {P} with improvement .", 3),
+    ("Repeat {T} was unremarkable .", 2),
+    ("{T} and {T} were within normal limits .", 2),
+    ("{His} {P} resolved with {R} .", 1),
+    ("The patient remained hemodynamically stable on the floor .", 1),
+    ("{He} was seen by the consult team who recommended {R} .", 2),
+    ("{T} was checked daily and remained stable .", 2),
+)
+_DISCHARGE = (
+    ("Return to the emergency department if you develop {P} or {P} .", 2),
+    ("Please follow up with Dr. {Last} in {n} weeks .", 2),
+    ("Please continue {R} and have your {T} checked in {n} days .", 2),
+)
+
+
+def _weighted(rng: random.Random, table) -> str:
+    return rng.choices([t for t, _ in table], [w for _, w in table])[0]
+
+
+def _note_sentences(seed: int, index: int, tables: dict) -> list[Sentence]:
+    rng = synthetic_notes.rng_for(seed, "i2b2", index)
+    p = synthetic_notes.patient(seed, 50_000 + index)
+    b = _NoteBuilder(rng, p, tables)
+    his = "His" if p.sex == "M" else "Her"
+    out = [b.fill("Admission Date : {n} / {n} / 2150"),
+           b.fill("Service : " + rng.choice(synthetic_notes._SERVICES)),
+           b.fill("History of Present Illness :")]
+    out += [b.fill(_weighted(rng, _HISTORY)) for _ in range(rng.randint(5, 9))]
+    out.append(b.fill("Past Medical History :"))
+    out += [b.fill(f"{i + 1} . {{PMH}}") for i in range(len(b.conditions))]
+    out.append(b.fill("Brief Hospital Course :"))
+    for _ in range(rng.randint(20, 32)):
+        out.append(b.fill(_weighted(rng, _COURSE).replace("{His}", his)))
+    out.append(b.fill("Pertinent Results :"))
+    for _ in range(rng.randint(2, 3)):
+        out.append(b.fill(" , ".join("{T} {value}" for _ in range(rng.randint(3, 5)))
+                          + " ."))
+    out.append(b.fill("Discharge Medications :"))
+    out += [b.fill(f"{i + 1} . {{DRUG}}") for i in range(rng.randint(5, 10))]
+    out.append(b.fill("Discharge Diagnosis : {PMH} , {P}"))
+    out.append(b.fill("Discharge Instructions :"))
+    out += [b.fill(_weighted(rng, _DISCHARGE)) for _ in range(rng.randint(2, 4))]
+    return [s for s in out if s.words]
+
+
+def generate_i2b2_like(num_notes: int = 170, *, seed: int = 0) -> list[Document]:
+    """`num_notes` synthetic discharge summaries with problem / test / treatment BIO tags."""
+    if num_notes < 0:
+        raise ValueError(f"num_notes must be >= 0, got {num_notes}")
+    tables = synthetic_notes.concept_tables()
+    return [Document(f"note-{i:04d}", tuple(_note_sentences(seed, i, tables)))
+            for i in range(num_notes)]
+
+
+def entity_counts(documents: Iterable[Document]) -> dict[str, int]:
+    """Entities per type (conlleval rules)."""
+    counts: dict[str, int] = {}
+    for doc in documents:
+        for s in doc.sentences:
+            for kind, _, _ in ner_metrics.get_entities(s.tags):
+                counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# ----------------------------------------------------------------------------- CoNLL files
+
+
+def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+               tags: Sequence[str] | None = None) -> list[Document]:
+    """Documents of CoNLL-style BIO files (module docstring); `tags`: the allowed tag set."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    allowed = None if tags is None else set(tags)
+    docs: list[Document] = []
+    for path in map(pathlib.Path, paths):
+        if not path.is_file():
+            raise DataError(f"{path}: file not found")
+        file_docs: list[list[Sentence]] = []
+        current: list[Sentence] = []
+        words: list[str] = []
+        labels: list[str] = []
+        saw_docstart = False
+
+        def end_sentence():
+            if words:
+                current.append(Sentence(tuple(words), tuple(labels)))
+                words.clear()
+                labels.clear()
+
+        with path.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                except UnicodeDecodeError:
+                    raise DataError(f"{path}:{number}: not valid UTF-8") from None
+                fields = line.split()
+                if not fields:
+                    end_sentence()
+                    continue
+                if fields[0] == DOCSTART:
+                    end_sentence()
+                    if current:
+                        file_docs.append(current)
+                    current = []
+                    saw_docstart = True
+                    continue
+                if len(fields) < 2:
+                    raise DataError(f"{path}:{number}: expected 'token<space or TAB>tag', found "
+                                    "one column")
+                tag = fields[-1]
+                try:
+                    ner_metrics.split_tag(tag)
+                except ValueError:
+                    raise DataError(f"{path}:{number}: tag {describe_label(tag)} is not 'O' or "
+                                    "'<B|I|E|S>-<type>'") from None
+                if allowed is not None and tag not in allowed:
+                    raise DataError(f"{path}:{number}: tag {describe_label(tag)} is not in the "
+                                    f"tag set {sorted(allowed)}")
+                words.append(fields[0])
+                labels.append(tag)
+        end_sentence()
+        if current:
+            file_docs.append(current)
+        if not file_docs:
+            raise DataError(f"{path}: no sentences (the file is empty)")
+        for k, sentences in enumerate(file_docs):
+            doc_id = f"{path.name}#{k}" if saw_docstart else path.name
+            docs.append(Document(doc_id, tuple(sentences)))
+    return docs
+
+
+def write_conll(path: str | os.PathLike, documents: Iterable[Document]) -> int:
+    """Writes documents as CoNLL (`-DOCSTART-` between documents, `word tag` lines); returns
+    how many documents."""
+    n = 0
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for doc in documents:
+            f.write(f"{DOCSTART} -X- -X- O\n\n")
+            for s in doc.sentences:
+                for w, t in zip(s.words, s.tags):
+                    if not w or any(c.isspace() for c in w):
+                        raise ValueError(f"{doc.doc_id}: a word is empty or contains whitespace")
+                    f.write(f"{w} {t}\n")
+                f.write("\n")
+            n += 1
+    return n
+
+
+def tag_names(documents: Iterable[Document]) -> tuple[str, ...]:
+    """The tag set of documents: O, then per type (sorted) its B, I, E, S tags present."""
+    seen = {t for d in documents for s in d.sentences for t in s.tags}
+    order = {"B": 0, "I": 1, "E": 2, "S": 3}
+    rest = sorted((t for t in seen if t != "O"),
+                  key=lambda t: (ner_metrics.split_tag(t)[1], order[ner_metrics.split_tag(t)[0]]))
+    return ("O", *rest)
+
+
+# ----------------------------------------------------------------------------- folds
+
+
+def kfold_documents(num_documents: int, k: int = 5, *, seed: int = 0
+                    ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """k (train, test) splits of document indices: the test parts are disjoint, cover every
+    document once and differ in size by at most one; seeded."""
+    if not isinstance(k, int) or k < 2:
+        raise ValueError(f"k must be an integer >= 2, got {k!r}")
+    if num_documents < k:
+        raise ValueError(f"{num_documents} documents cannot be split into {k} folds")
+    order = np.random.default_rng(seed).permutation(num_documents)
+    folds = []
+    for part in np.array_split(order, k):
+        test = np.sort(part)
+        train = np.setdiff1d(np.arange(num_documents), test)
+        folds.append((train, test))
+    return folds
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@dataclasses.dataclass
+class NerFeatures:
+    """Windows of a list of documents, and how to map predictions back to words.
+
+    features: input_ids / segment_ids / input_mask / labels / position_ids int32 [N, S],
+      example_id int32 [N] (the unit a window belongs to).
+    word_index: int32 [N, S], the word (numbered over all documents in order) scored at this
+      piece, -1 where none is.
+    sentence_lengths: per document, the number of words of each sentence.
+    tag_names: class id -> tag.
+    """
+
+    features: dict[str, np.ndarray]
+    word_index: np.ndarray
+    sentence_lengths: list[list[int]]
+    tag_names: tuple[str, ...]
+
+    @property
+    def num_words(self) -> int:
+        return sum(sum(x) for x in self.sentence_lengths)
+
+
+def _word_pieces(words: Iterable[str], tokenizer: tokenization.WordPieceTokenizer
+                 ) -> dict[str, list[int]]:
+    unique = sorted(set(words))
+    out = {}
+    for w, ids in zip(unique, tokenizer.encode_batch(unique)):
+        out[w] = ids.tolist() or [tokenizer.special.unk]   # a word must keep a piece
+    return out
+
+
+def _windows(length: int, size: int, stride: int) -> list[int]:
+    """Window starts covering 0..length-1 with windows of `size`, every `stride` pieces."""
+    if length <= size:
+        return [0]
+    return sorted(set(range(0, length - size, stride)) | {length - size})
+
+
+def encode_documents(documents: Sequence[Document], tokenizer: tokenization.WordPieceTokenizer,
+                     tags: Sequence[str], *, max_seq_len: int = 128, stride: int = 64,
+                     unit: str = "sentence") -> NerFeatures:
+    """Windows with first-WordPiece labels (module docstring).
+
+    unit: "sentence" (a sentence is an example, split into windows only when too long) or
+      "document" (a document's pieces are windowed as one stream).
+    """
+    if unit not in ("sentence", "document"):
+        raise ValueError(f"unit must be 'sentence' or 'document', got {unit!r}")
+    size = max_seq_len - 2
+    if size < 1 or not 0 < stride <= size:
+        raise ValueError(f"need max_seq_len >= 3 and 0 < stride <= max_seq_len - 2, got "
+                         f"max_seq_len={max_seq_len}, stride={stride}")
+    tag_id = {t: i for i, t in enumerate(tags)}
+    pieces = _word_pieces((w for d in documents for s in d.sentences for w in s.words), tokenizer)
+    sp = tokenizer.special
+
+    units = []        # (piece ids, labels, word numbers) per unit
+    lengths = []
+    word = 0
+    for d in documents:
+        lengths.append([len(s.words) for s in d.sentences])
+        doc_units = []
+        for j, s in enumerate(d.sentences):
+            ids, labels, words = [], [], []
+            for w, t in zip(s.words, s.tags):
+                if t not in tag_id:
+                    raise DataError(f"document {d.doc_id}, sentence {j + 1}: tag "
+                                    f"{describe_label(t)} is not in the tag set {list(tags)}")
+                p = pieces[w]
+                ids += p
+                labels += [tag_id[t]] + [IGNORE_LABEL] * (len(p) - 1)
+                words += [word] + [-1] * (len(p) - 1)
+                word += 1
+            doc_units.append((ids, labels, words))
+        if unit == "document":
+            doc_units = [tuple(sum((u[k] for u in doc_units), []) for k in range(3))]
+        units += doc_units
+
+    rows = {k: [] for k in ("input_ids", "labels", "position_ids", "word_index", "example_id")}
+    for u, (ids, labels, words) in enumerate(units):
+        if not ids:
+            continue
+        starts = _windows(len(ids), size, stride)
+        # For each piece, the window in which it has the most context on both sides.
+        best = np.full(len(ids), -1)
+        best_score = np.full(len(ids), -1)
+        for w, s in enumerate(starts):
+            offsets = np.arange(s, min(s + size, len(ids)))
+            score = np.minimum(offsets - s, s + size - 1 - offsets)
+            better = score > best_score[offsets]
+            best[offsets[better]] = w
+            best_score[offsets[better]] = score[better]
+        for w, s in enumerate(starts):
+            e = min(s + size, len(ids))
+            n = e - s
+            row_ids = np.full(max_seq_len, sp.pad, np.int32)
+            row_ids[0], row_ids[1:n + 1], row_ids[n + 1] = sp.cls, ids[s:e], sp.sep
+            row_labels = np.full(max_seq_len, IGNORE_LABEL, np.int32)
+            row_labels[1:n + 1] = labels[s:e]
+            row_pos = np.zeros(max_seq_len, np.int32)
+            row_pos[1:n + 1] = np.arange(s, e)
+            row_words = np.full(max_seq_len, -1, np.int32)
+            here = np.asarray(words[s:e]) >= 0
+            mine = best[s:e] == w
+            row_words[1:n + 1] = np.where(here & mine, np.asarray(words[s:e]), -1)
+            for k, v in (("input_ids", row_ids), ("labels", row_labels),
+                         ("position_ids", row_pos), ("word_index", row_words),
+                         ("example_id", u)):
+                rows[k].append(v)
+    if not rows["input_ids"]:
+        raise DataError("no words to encode (empty documents)")
+    input_ids = np.stack(rows["input_ids"])
+    mask = (input_ids != sp.pad).astype(np.int32)
+    features = {"input_ids": input_ids, "segment_ids": np.zeros_like(input_ids),
+                "input_mask": mask, "labels": np.stack(rows["labels"]),
+                "position_ids": np.stack(rows["position_ids"]),
+                "example_id": np.asarray(rows["example_id"], np.int32)}
+    return NerFeatures(features, np.stack(rows["word_index"]), lengths, tuple(tags))
+
+
+def word_predictions(pred: np.ndarray, encoded: NerFeatures) -> list[list[list[str]]]:
+    """Piece-level class ids [N, S] -> tags per document, per sentence, per word."""
+    pred = np.asarray(pred)
+    if pred.shape != encoded.word_index.shape:
+        raise ValueError(f"predictions have shape {pred.shape}, expected "
+                         f"{encoded.word_index.shape}")
+    flat = np.full(encoded.num_words, -1, np.int64)
+    scored = encoded.word_index >= 0
+    flat[encoded.word_index[scored]] = pred[scored]
+    if (flat < 0).any():
+        raise ValueError(f"{int((flat < 0).sum())} words have no prediction")
+    names = encoded.tag_names
+    out, k = [], 0
+    for doc_lengths in encoded.sentence_lengths:
+        doc = []
+        for n in doc_lengths:
+            doc.append([names[int(i)] for i in flat[k:k + n]])
+            k += n
+        out.append(doc)
+    return out
+
+
+def gold_tags(documents: Iterable[Document]) -> list[list[list[str]]]:
+    """Tags per document, per sentence (the shape `word_predictions` returns)."""
+    return [[list(s.tags) for s in d.sentences] for d in documents]
+
+
+def sentences_of(nested: Iterable[Iterable[Sequence[str]]]) -> list[Sequence[str]]:
+    """Flattens doc -> sentence -> tags to a list of sentences (for `ner_metrics`)."""
+    return [s for doc in nested for s in doc]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: writes the synthetic i2b2-shaped set as a CoNLL file."""
+    import argparse  # noqa: PLC0415 - CLI only
+
+    parser = argparse.ArgumentParser(description="Write the synthetic i2b2-2010-shaped NER set")
+    parser.add_argument("--num_notes", type=int, default=170)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="output .conll file")
+    args = parser.parse_args(argv)
+    docs = generate_i2b2_like(args.num_notes, seed=args.seed)
+    write_conll(args.out, docs)
+    counts = entity_counts(docs)
+    print(f"wrote {len(docs)} notes, {sum(d.num_words for d in docs)} words, entities "
+          f"{counts} to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

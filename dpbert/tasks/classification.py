@@ -1,0 +1,112 @@
+"""Sentence and sentence-pair classification as a task on the DP loop.
+
+    python launch/finetune.py --config=configs/finetune_classification.py --workdir=W \\
+        --config.model.init_from_hf=HF_FOLDER --config.data.train=TRAIN.tsv \\
+        --config.data.eval=EVAL.tsv [--config.privacy.mode=text_to_text --config.privacy.eta=75]
+
+    data    `label<TAB>text[<TAB>text_b]` files (`data_pipelines.classification`): labels from
+            the training file (numeric ones in numeric order), the eval file must use the same
+            set; tokenized with the checkpoint's vocabulary (a vocab.file that differs from it,
+            or a vocabulary of another size than the model's, is refused)
+    users   `privacy.mode` (`dpbert.tasks.finetuning` input modes): the release of train AND
+            eval, once, keyed by the run's secret task key
+    model   HF `BertForSequenceClassification` (dropout + linear on the pooled output)
+    loss    per-example cross-entropy (`dpbert.task_losses`); with DP-SGD the vmap clipper
+            (one example = one row of the training file is the privacy unit)
+    eval    accuracy and loss over the whole released eval split
+    export  WORKDIR/hf: `BertForSequenceClassification.from_pretrained` loads it; the card
+            states the input privacy and the DP-SGD report
+
+`finetune(config, workdir)` runs it and writes WORKDIR/results.json.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from data_pipelines import classification as clf
+from dpbert import task_losses
+from dpbert.errors import ConfigError
+from dpbert.tasks import finetuning
+
+
+class ClassificationTask(finetuning.FineTuningTask):
+    name = "classification"
+    model_kind = "sequence_classification"
+
+    def validate(self, config) -> None:
+        finetuning.validate_common(self.name, config)
+        for which in ("train", "eval"):
+            if not config.data[which]:
+                raise ConfigError(f"config.data.{which} is empty: give a "
+                                  "label<TAB>text[<TAB>text_b] file")
+        if not 3 <= config.data.max_seq_length <= 512:
+            raise ConfigError(f"config.data.max_seq_length={config.data.max_seq_length}: must "
+                              "be in [3, 512]")
+        if config.data.max_train_examples < 0:
+            raise ConfigError(f"config.data.max_train_examples="
+                              f"{config.data.max_train_examples}: must be >= 0 (0 = all)")
+
+    def count_train_examples(self, config) -> int:
+        n = len(clf.read_tsv(config.data.train))
+        return min(n, config.data.max_train_examples or n)
+
+    def load(self, config, tokenizer) -> finetuning.Loaded:
+        d = config.data
+        data = clf.load_train_eval(d.train, d.eval, tokenizer, max_seq_len=d.max_seq_length,
+                                   labels=tuple(d.labels) or None)
+        train = data.train
+        if d.max_train_examples:
+            train = {k: v[:d.max_train_examples] for k, v in train.items()}
+        n = len(train["input_ids"])
+        if n < config.batch.expected_batch_size:
+            raise ConfigError(f"config.batch.expected_batch_size="
+                              f"{config.batch.expected_batch_size} exceeds the {n} training "
+                              "examples")
+        finetuning.announce(f"classification data: {n:,} training / "
+                            f"{len(data.eval['input_ids']):,} eval examples, labels "
+                            f"{list(data.labels.names)}"
+                            f"{', sentence pairs' if data.sentence_pair else ''}")
+        return finetuning.Loaded(train, data.eval, data.labels.names, n)
+
+    def unit_definition(self, config) -> str:
+        return ("one labelled example: one row of the training file (label<TAB>text"
+                f"[<TAB>text_b]), at most {config.data.max_seq_length} WordPieces")
+
+    # ------------------------------------------------------------------------- loss, eval
+
+    def example_loss(self, graphdef, *, deterministic: bool):
+        return task_losses.make_classification_loss(graphdef, deterministic=deterministic)
+
+    def eval_step(self, graphdef, config):
+        mode = finetuning.get_input_mode(config.privacy.mode)
+        logits_fn = mode.eval_logits(self, graphdef, config)
+        if logits_fn is None:
+            loss_fn = self.example_loss(graphdef, deterministic=True)
+
+            def step(params, batch, mask):
+                return task_losses.batch_metric_sums(loss_fn, params, batch, mask)
+        else:
+            def step(params, batch, mask):
+                _, m = jax.vmap(task_losses.classification_metrics)(logits_fn(params, batch),
+                                                                    batch["label"])
+                return {k: jnp.sum(jnp.where(mask, v, 0.0)) for k, v in m.items()}
+        return step
+
+    def eval_metrics(self, outputs: list) -> dict[str, float]:
+        sums = {k: float(np.sum([o[k] for o in outputs])) for k in outputs[0]}
+        return self.train_metrics(sums)
+
+    def train_metrics(self, sums: dict) -> dict[str, float]:
+        n = max(float(sums["count"]), 1.0)
+        return {"accuracy": float(sums["correct"]) / n, "loss": float(sums["loss_sum"]) / n}
+
+
+TASK = ClassificationTask()
+
+
+def finetune(config, workdir, *, devices=None) -> dict:
+    """Fine-tunes as `config` says in `workdir` (resuming it); returns results.json's content."""
+    return finetuning.finetune(ClassificationTask(), config, workdir, devices=devices)

@@ -1,0 +1,183 @@
+"""NER data: the i2b2-shaped generator, CoNLL files, first-WordPiece labels and windows, folds."""
+
+import string
+
+import numpy as np
+import pytest
+
+from data_pipelines import ner, tokenization
+from data_pipelines.classification import DataError
+from dpbert import ner_metrics
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return ner.generate_i2b2_like(12, seed=3)
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer(tmp_path_factory):
+    """A vocab of a few whole words plus single characters and ##characters, so most words
+    split into several WordPieces."""
+    chars = string.ascii_lowercase + string.digits + string.punctuation
+    words = ["the", "was", "with", "and", "she", "he", "for", "showed"]
+    vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + list(chars)
+             + [f"##{c}" for c in chars])
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(vocab) + "\n")
+    return tokenization.WordPieceTokenizer(path)
+
+
+# ----------------------------------------------------------------------------- generator
+
+
+def test_generator_is_deterministic_and_i2b2_shaped(docs):
+    again = ner.generate_i2b2_like(12, seed=3)
+    assert again == docs
+    assert ner.generate_i2b2_like(5, seed=3) == docs[:5]     # note i does not depend on n
+    assert ner.generate_i2b2_like(12, seed=4) != docs
+    assert len(ner.generate_i2b2_like()) == 170
+    assert ner.tag_names(docs) == ner.I2B2_TAGS
+    counts = ner.entity_counts(docs)
+    # i2b2-2010: problem 7,073 > treatment 4,844 ~ test 4,608 (170 notes); same order here.
+    assert counts["problem"] > counts["test"] > 0 and counts["problem"] > counts["treatment"] > 0
+    assert 40 < sum(counts.values()) / len(docs) < 160
+    for d in docs:
+        for s in d.sentences:
+            assert s.words and all(w and not any(c.isspace() for c in w) for w in s.words)
+            # Gold spans always open with B-: no I- after O or after another type.
+            for prev, cur in zip(("O",) + s.tags, s.tags):
+                if cur.startswith("I-"):
+                    assert prev[2:] == cur[2:], s
+    # The same word in different roles: context matters.
+    roles = {}
+    for d in docs:
+        for s in d.sentences:
+            for w, t in zip(s.words, s.tags):
+                roles.setdefault(w.lower(), set()).add(t[2:] or "O")
+    assert sum(len(r) > 1 for r in roles.values()) >= 5
+
+
+# ----------------------------------------------------------------------------- CoNLL files
+
+
+def test_conll_round_trip_and_layouts(tmp_path, docs):
+    path = tmp_path / "notes.conll"
+    assert ner.write_conll(path, docs) == 12
+    back = ner.read_conll(path, tags=ner.I2B2_TAGS)
+    assert [d.sentences for d in back] == [d.sentences for d in docs]
+    assert back[0].doc_id == "notes.conll#0"
+    # CoNLL-2003's four columns, tabs, no -DOCSTART-: one document per file.
+    other = tmp_path / "a.txt"
+    other.write_text("EU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\nPeter\tB-PER\nBlackburn\tI-PER\n")
+    (d,) = ner.read_conll([other])
+    assert d.doc_id == "a.txt" and len(d.sentences) == 2
+    assert d.sentences[1] == ner.Sentence(("Peter", "Blackburn"), ("B-PER", "I-PER"))
+    assert ner.tag_names([d]) == ("O", "B-ORG", "B-PER", "I-PER")
+
+
+@pytest.mark.parametrize("content,match", [
+    ("", r"x\.conll: no sentences"),
+    ("-DOCSTART- O\n\n", "no sentences"),
+    ("fever B-problem\nsecretword\n", r"x\.conll:2: expected 'token<space or TAB>tag'"),
+    ("fever B-problem\nsecretword X-problem\n", r"x\.conll:2: tag 'X-problem' is not 'O'"),
+    ("fever B-problem\nsecretword B-drug\n", r"x\.conll:2: tag 'B-drug' is not in the tag set"),
+])
+def test_conll_errors_name_the_line_not_the_word(tmp_path, content, match):
+    path = tmp_path / "x.conll"
+    path.write_text(content)
+    with pytest.raises(DataError, match=match) as e:
+        ner.read_conll(path, tags=ner.I2B2_TAGS)
+    assert "secretword" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@pytest.mark.parametrize("unit,max_len,stride", [("sentence", 128, 64), ("sentence", 12, 4),
+                                                 ("document", 40, 16)])
+def test_first_wordpiece_labels_round_trip_to_word_tags(docs, char_tokenizer, unit, max_len,
+                                                        stride):
+    enc = ner.encode_documents(docs, char_tokenizer, ner.I2B2_TAGS, max_seq_len=max_len,
+                               stride=stride, unit=unit)
+    f = enc.features
+    assert f["input_ids"].shape[1] == max_len and all(v.dtype == np.int32 for v in f.values())
+    assert enc.num_words == sum(d.num_words for d in docs)
+    # Labels back to words: exactly the documents' tags; entity F1 against them is 1.
+    words = ner.word_predictions(f["labels"], enc)
+    assert words == ner.gold_tags(docs)
+    assert ner_metrics.entity_f1(ner.sentences_of(ner.gold_tags(docs)),
+                                 ner.sentences_of(words))["f1"] == 1.0
+    # Each word is scored once, at a labelled (first) piece.
+    scored = enc.word_index >= 0
+    assert np.array_equal(np.sort(enc.word_index[scored]), np.arange(enc.num_words))
+    assert np.all(f["labels"][scored] != ner.IGNORE_LABEL)
+    # Specials and padding are never labelled; most words have more than one piece here.
+    sp = char_tokenizer.special
+    special = np.isin(f["input_ids"], [sp.cls, sp.sep, sp.pad])
+    assert np.all(f["labels"][special] == ner.IGNORE_LABEL)
+    labelled = (f["labels"] != ner.IGNORE_LABEL).sum()
+    assert (~special).sum() > 2 * labelled
+    # Windows of one unit agree on each piece (same example_id + position_ids -> same token).
+    seen = {}
+    for row in range(len(f["input_ids"])):
+        for col in np.flatnonzero(~special[row]):
+            k = (int(f["example_id"][row]), int(f["position_ids"][row, col]))
+            assert seen.setdefault(k, f["input_ids"][row, col]) == f["input_ids"][row, col]
+    if max_len < 128:
+        assert len(f["input_ids"]) > len(set(f["example_id"].tolist()))   # some units windowed
+    else:   # rows are whole sentences: rebuild them word by word
+        tag_id = {t: i for i, t in enumerate(ner.I2B2_TAGS)}
+        for row, sentence in enumerate(docs[0].sentences[:12]):
+            ids, labels = [sp.cls], [ner.IGNORE_LABEL]
+            for w, t in zip(sentence.words, sentence.tags):
+                pieces = char_tokenizer.encode(w).tolist()
+                ids += pieces
+                labels += [tag_id[t]] + [ner.IGNORE_LABEL] * (len(pieces) - 1)
+            n = len(ids)
+            np.testing.assert_array_equal(f["input_ids"][row, :n + 1], ids + [sp.sep])
+            np.testing.assert_array_equal(f["labels"][row, :n], labels)
+
+
+def test_windows_and_max_context(char_tokenizer):
+    # One sentence of 20 one-piece words ("a".."t"), windows of 8 pieces every 4.
+    words = tuple(string.ascii_lowercase[:20])
+    tags = tuple("B-test" if i % 3 == 0 else "O" for i in range(20))
+    doc = ner.Document("d", (ner.Sentence(words, tags),))
+    enc = ner.encode_documents([doc], char_tokenizer, ner.I2B2_TAGS, max_seq_len=10, stride=4)
+    assert ner._windows(20, 8, 4) == [0, 4, 8, 12]
+    np.testing.assert_array_equal(enc.features["position_ids"][:, 1:9],
+                                  [np.arange(s, s + 8) for s in (0, 4, 8, 12)])
+    # Word 5 sits at offset 1 of window 1 (context 1) and offset 5 of window 0 (context 2)...
+    # best context: window 0 (min(5, 2) = 2) vs window 1 (min(1, 6) = 1).
+    owner = {int(w): r for r, c in zip(*np.nonzero(enc.word_index >= 0))
+             for w in [enc.word_index[r, c]]}
+    assert owner[5] == 0 and owner[6] == 1 and owner[19] == 3 and owner[0] == 0
+    with pytest.raises(ValueError, match="stride"):
+        ner.encode_documents([doc], char_tokenizer, ner.I2B2_TAGS, max_seq_len=10, stride=9)
+    bad = ner.Document("d", (ner.Sentence(("a",), ("B-drug",)),))
+    with pytest.raises(DataError, match="document d, sentence 1: tag 'B-drug'"):
+        ner.encode_documents([bad], char_tokenizer, ner.I2B2_TAGS)
+    with pytest.raises(ValueError, match="no prediction"):
+        pred = np.where(enc.word_index >= 0, 0, 0)
+        enc2 = ner.NerFeatures(enc.features, np.where(enc.word_index == 3, -1, enc.word_index),
+                               enc.sentence_lengths, enc.tag_names)
+        ner.word_predictions(pred, enc2)
+
+
+def test_kfold_by_document():
+    folds = ner.kfold_documents(170, 5, seed=0)
+    tests = [t for _, t in folds]
+    assert [len(t) for t in tests] == [34] * 5
+    assert np.array_equal(np.sort(np.concatenate(tests)), np.arange(170))
+    for train, test in folds:
+        assert len(train) == 136 and not set(train) & set(test)
+    again = ner.kfold_documents(170, 5, seed=0)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(folds, again))
+    other = ner.kfold_documents(170, 5, seed=1)
+    assert not all(np.array_equal(a[1], b[1]) for a, b in zip(folds, other))
+    assert [len(t) for _, t in ner.kfold_documents(12, 5)] == [3, 3, 2, 2, 2]
+    with pytest.raises(ValueError, match="cannot be split"):
+        ner.kfold_documents(3, 5)
+    with pytest.raises(ValueError, match="k must be"):
+        ner.kfold_documents(10, 1)

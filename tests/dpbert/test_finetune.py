@@ -1,0 +1,249 @@
+"""Fine-tuning on the DP loop end to end, on a tiny BERT (FINETUNE_SPEC §1.6): results.json,
+the HF export, the frozen user side, the release (fixed per key, across epochs and on resume),
+isolation of token_rep, η → ∞ = mode none, DP-SGD's own report, and refused configurations."""
+
+import hashlib
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+import transformers
+from safetensors.numpy import load_file
+
+from configs import finetune_classification
+from dpbert import checkpointing, hf, input_privacy
+from dpbert.dp import randomness
+from dpbert.errors import ConfigError
+from dpbert.tasks import classification, finetuning
+from tests.dpbert import finetune_fixtures as fx
+
+WORD_TABLE = ("bert", "embeddings", "word_embeddings", "embedding")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy")
+    train, eval_ = fx.sentiment_tsvs(root / "data")
+    return {"ckpt": fx.tiny_checkpoint(root / "ckpt"), "train": train, "eval": eval_}
+
+
+def config(toy, **overrides):
+    c = finetune_classification.get_config()
+    values = {"model.init_from_hf": str(toy["ckpt"]), "data.train": str(toy["train"]),
+              "data.eval": str(toy["eval"]), "data.max_seq_length": 16,
+              "batch.expected_batch_size": 16, "batch.physical_batch_size": 16,
+              "optimizer.learning_rate": 1e-2, "train.epochs": 4.0, "train.log_every": 16,
+              "privacy.eta": 20.0, "privacy.tokens_per_call": 512,
+              "privacy.examples_per_call": 64, "checkpoint.async_save": False, **overrides}
+    for key, value in values.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def digest(batch: dict) -> str:
+    h = hashlib.sha256()
+    for k in sorted(batch):
+        h.update(k.encode() + np.ascontiguousarray(batch[k]).tobytes())
+    return h.hexdigest()
+
+
+def final_params(workdir):
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    params, meta = ckpt.restore_params(ckpt.latest_step())
+    ckpt.close()
+    return params, meta
+
+
+def leaves(params):
+    return {tuple(str(getattr(k, "key", k)) for k in p): np.asarray(v)
+            for p, v in jax.tree_util.tree_leaves_with_path(params)}
+
+
+class Recording(classification.ClassificationTask):
+    """The classification task, noting a digest of every release it prepares."""
+
+    def __init__(self):
+        self.digests = []
+
+    def prepare(self, config, workdir, task_key):
+        data = super().prepare(config, workdir, task_key)
+        every = np.arange(data.train.num_examples)
+        self.digests.append((digest(data.train.get_batch(every, step=0)),
+                             digest(data.eval.get_batch(np.arange(data.eval.num_examples),
+                                                        step=0))))
+        return data
+
+
+def test_token_rep_end_to_end_resume_export_and_frozen_phi(toy, tmp_path):
+    workdir = tmp_path / "run"
+    task = Recording()
+    fixed = {"privacy.mode": "token_rep", "train.epochs": 0.0,
+             "optimizer.warmup_fraction": None, "optimizer.warmup_steps": 4}
+    finetuning.finetune(task, config(toy, **fixed, **{"train.num_steps": 48}), workdir)
+    results = finetuning.finetune(task, config(toy, **fixed, **{"train.num_steps": 128}), workdir)
+    # Resumed with the key kept in the checkpoint: the very same release of train and eval.
+    assert len(task.digests) == 2 and task.digests[0] == task.digests[1]
+
+    assert results["steps"] == 128 and results["num_train_examples"] == 256
+    assert 0.7 <= results["eval_accuracy"] <= 1 and results["eval_loss"] > 0
+    p = results["privacy"]
+    assert p["mode"] == "token_rep" and p["eta"] == 20.0 and p["dp_sgd"] is None
+    assert p["frozen"] == ["bert/embeddings/word_embeddings (φ)"]
+    assert p["input_privacy"]["composed_eta_train"] == 20.0
+    assert "secret run key" in p["input_privacy"]["key"]
+    assert "one row of the training file" in p["privacy_unit"]
+    assert results["schedule"]["num_steps"] == 128 and results["schedule"]["epochs"] == 8.0
+
+    # φ (the user side) bitwise unchanged; everything else moved.
+    params, meta = final_params(workdir)
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    flat = leaves(params)
+    np.testing.assert_array_equal(flat[WORD_TABLE],
+                                  source["bert.embeddings.word_embeddings.weight"])
+    for k, v in flat.items():
+        if k != WORD_TABLE and k[0] == "bert":
+            assert not np.array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)])), k
+
+    # The secret task key stays in the checkpoint only.
+    secret = [str(x) for x in meta["task_key"]]
+    for name in ("config.json", "run.json", "results.json", "privacy_report.json"):
+        text = (workdir / name).read_text()
+        assert not any(s in text for s in secret), name
+
+    model, info = transformers.BertForSequenceClassification.from_pretrained(
+        workdir / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert model.config.id2label == {0: "0", 1: "1"}
+    card = (workdir / "hf" / "README.md").read_text()
+    assert "Input privacy during fine-tuning" in card and "token_rep" in card
+
+
+@pytest.mark.parametrize("mode", ["token_rep", "text_to_text", "seq_rep"])
+def test_the_release_is_fixed_per_key_across_epochs_and_hides_raw_ids(toy, tmp_path, mode):
+    c = finetuning.resolve_schedule(config(toy, **{"privacy.mode": mode, "privacy.eta": 2.0}),
+                                    256)
+    task = classification.ClassificationTask()
+    key, other = np.array([1, 2], np.uint32), np.array([1, 3], np.uint32)
+    data = task.prepare(c, tmp_path, key)
+    rows = np.arange(256)
+    first = data.train.get_batch(rows, step=0)
+    assert digest(first) == digest(data.train.get_batch(rows, step=40))   # epoch 2 of 4
+    assert digest(first) == digest(task.prepare(c, tmp_path, key).train.get_batch(rows, step=0))
+    assert digest(first) != digest(task.prepare(c, tmp_path, other).train.get_batch(rows,
+                                                                                      step=0))
+    raw = finetuning.clf.load_train_eval(c.data.train, c.data.eval,
+                                         finetuning.tokenizer(c), max_seq_len=16)
+    ev = data.eval.get_batch(np.arange(64), step=0)
+    assert "example_id" not in first and "position_ids" not in first
+    if mode == "seq_rep":
+        assert set(first) == {"features", "label"} and set(ev) == {"features", "label"}
+        return
+    special = np.isin(raw.train["input_ids"], [0, 1, 2, 3, 4, 5])
+    if mode == "token_rep":
+        # The service sees the special-token layout and noisy vectors, never a regular id.
+        assert np.all(np.isin(first["input_ids"], [0, 1, 2, 3, 4, 5]))
+        np.testing.assert_array_equal(first["input_ids"][special],
+                                      raw.train["input_ids"][special])
+        assert first["word_embeddings"].shape == (256, 16, 32)
+        assert np.all(np.isin(ev["input_ids"], [0, 1, 2, 3, 4, 5]))
+    else:
+        np.testing.assert_array_equal(first["input_ids"][special],
+                                      raw.train["input_ids"][special])   # never perturbed
+        assert np.mean(first["input_ids"][~special] != raw.train["input_ids"][~special]) > 0.1
+        assert np.mean(ev["input_ids"] != raw.eval["input_ids"]) > 0.05  # eval released too
+
+
+def test_fresh_noise_each_epoch_releases_again_and_reports_the_composition(toy, tmp_path):
+    c = finetuning.resolve_schedule(config(toy, **{
+        "privacy.mode": "text_to_text", "privacy.eta": 5.0,
+        "privacy.fresh_noise_each_epoch": True}), 256)
+    data = classification.ClassificationTask().prepare(c, tmp_path, np.array([4, 5], np.uint32))
+    rows = np.arange(256)
+    e0, e0_again = (data.train.get_batch(rows, step=s) for s in (0, 15))
+    e1 = data.train.get_batch(rows, step=16)
+    assert digest(e0) == digest(e0_again) != digest(e1)
+    report = data.extra["input_privacy"]
+    assert report["train_releases_per_example"] == 4 and report["composed_eta_train"] == 20.0
+    assert "4 independent releases" in report["statement"]
+
+
+@pytest.mark.slow
+def test_huge_eta_text_to_text_trains_exactly_like_mode_none(toy, tmp_path):
+    common = {"train.epochs": 1.0, "dp.insecure_seeded_noise": True}
+    none = finetuning.finetune(classification.ClassificationTask(),
+                               config(toy, **common), tmp_path / "none")
+    t2t = finetuning.finetune(classification.ClassificationTask(), config(
+        toy, **common, **{"privacy.mode": "text_to_text", "privacy.eta": 1e9}), tmp_path / "t2t")
+    assert t2t["eval_accuracy"] == none["eval_accuracy"]
+    a, b = leaves(final_params(tmp_path / "none")[0]), leaves(final_params(tmp_path / "t2t")[0])
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    assert "NOT private" in t2t["privacy"]["input_privacy"]["statement"]
+
+
+@pytest.mark.slow
+def test_seq_rep_trains_the_head_only(toy, tmp_path):
+    finetuning.finetune(classification.ClassificationTask(),
+                        config(toy, **{"privacy.mode": "seq_rep", "train.epochs": 1.0}),
+                        tmp_path)
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    flat = leaves(final_params(tmp_path)[0])
+    for k, v in flat.items():
+        if k[0] == "bert":   # the frozen user side, bitwise
+            np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]))
+    assert sorted(k for k in flat if k[0] == "classifier") == [("classifier", "bias"),
+                                                              ("classifier", "kernel")]
+
+
+def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
+    results = finetuning.finetune(classification.ClassificationTask(), config(toy, **{
+        "dp.enabled": True, "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
+        "dp.delta": 1e-3, "dp.overflow_probability": 1e-3, "batch.physical_batch_size": 32,
+        "batch.microbatch_size": 16, "train.epochs": 1.0}), tmp_path)
+    report = json.loads((tmp_path / "privacy_report.json").read_text())
+    dp = json.loads((tmp_path / "results.json").read_text())["privacy"]["dp_sgd"]
+    assert dp == report and report["dp"] and report["private"]
+    assert 0 < report["epsilon"] < math.inf and report["delta"] == 1e-3
+    assert report["training"]["num_examples"] == 256 and report["training"]["steps"] == 16
+    assert report["unit_definition"].startswith("one labelled example: one row of the training")
+    assert "one labelled example" in results["privacy"]["dp_sgd_headline"]
+
+
+def test_a_fine_tuning_run_keeps_its_release_key_secret_without_dp_sgd():
+    a, b = (randomness.for_run(True, 0, seeded_task_key=False) for _ in range(2))
+    assert a.noise_key == b.noise_key and a.task_key != b.task_key and not a.secret
+    assert randomness.for_run(True, 0).task_key == randomness.RunSecrets.seeded(0).task_key
+
+
+def test_refused_configurations(toy, tmp_path):
+    cases = [
+        ({"privacy.mode": "words"}, "privacy.mode='words': must be one of"),
+        ({"privacy.mode": "token_rep", "privacy.eta": -1.0}, "privacy.eta"),
+        ({"model.init_from_hf": ""}, "model.init_from_hf"),
+        ({"model.init_from_hf": str(tmp_path)}, "no config.json"),
+        ({"data.eval": ""}, "config.data.eval is empty"),
+        ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
+         "TIED word embedding"),
+        ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
+         "exceeds the 256 training examples"),
+    ]
+    for overrides, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            finetuning.finetune(classification.ClassificationTask(), config(toy, **overrides),
+                                tmp_path / "w")
+    mixing = finetuning.register_input_mode(type("Mixing", (finetuning.InputMode,), {
+        "name": "test_mixing", "loss_shapes": ("batch",)})())
+    try:
+        with pytest.raises(ConfigError, match="mixes examples, so per-example clipping"):
+            finetuning.finetune(classification.ClassificationTask(), config(toy, **{
+                "privacy.mode": mixing.name, "dp.enabled": True, "dp.noise_multiplier": 1.0}),
+                tmp_path / "w")
+    finally:
+        finetuning._MODES.pop(mixing.name)
+    assert input_privacy.MODES == finetuning.input_mode_names()
