@@ -18,9 +18,11 @@ What an example is (the privacy unit of the vocabulary)
 ``format="noteevents"``: one note (one ``NOTEEVENTS`` row).  ``format="text"``: one
 document (a blank-line-separated block).  The guarantee is for adding or removing one
 example.  It is never weaker than a per-sequence guarantee: every pretraining sequence
-is cut from documents, so a sequence-level unit is contained in this one.  For a
-patient-level unit (all notes of a ``SUBJECT_ID``), group the notes first (see
-``docs/dp_vocab.md``); this module does not.
+is cut from documents, so a sequence-level unit is contained in this one.  With
+``unit="patient"`` (noteevents only) the notes of one ``SUBJECT_ID`` are grouped into ONE
+example before contribution bounding, so a patient's notes together contribute at most K
+distinct words and the guarantee is per patient (add or remove one patient with all their
+notes).  Grouping holds the corpus's text in memory, grouped by patient, before counting.
 
 Contribution bounding and the privacy analysis
 ----------------------------------------------
@@ -120,7 +122,9 @@ ACCOUNTING_MODES = ("pld", "basic")
 EXAMPLE_DEFINITIONS = {
     "text": "one document of the text corpus (a blank-line-separated block of sentences)",
     "noteevents": "one MIMIC-III note (one NOTEEVENTS row, i.e. one ROW_ID)",
+    "patient": "one patient (SUBJECT_ID): all their MIMIC-III notes (NOTEEVENTS rows) together",
 }
+UNITS = ("document", "patient")  # what one example of the vocabulary is (see module doc)
 # Examples per work item sent to a worker; fixed so results do not depend on workers.
 CHUNK_SIZE = 256
 # Cap on the words fed to the WordPiece trainer (see learn_wordpiece).
@@ -618,8 +622,23 @@ def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
 
 
 def iter_examples(path: str | os.PathLike[str], fmt: str,
-                  stats: corpora.ReadStats | None = None) -> Iterator[str]:
-    """Example texts of a corpus: one document (``text``) or one note (``noteevents``)."""
+                  stats: corpora.ReadStats | None = None, unit: str = "document"
+                  ) -> Iterator[str]:
+    """Example texts of a corpus: one document (``text``) or one note (``noteevents``); with
+    ``unit="patient"`` (noteevents) the notes of one SUBJECT_ID joined, patients in
+    SUBJECT_ID order."""
+    if unit == "patient":
+        if fmt != "noteevents":
+            raise VocabError(f"unit='patient' needs format='noteevents' (SUBJECT_IDs), got "
+                             f"{fmt!r}")
+        by_subject: dict[int, list[str]] = collections.defaultdict(list)
+        for note in corpora.read_noteevents(path, stats):
+            by_subject[note.subject_id].append(note.text)
+        for subject in sorted(by_subject):
+            yield "\n".join(by_subject.pop(subject))
+        return
+    if unit != "document":
+        raise VocabError(f"unit must be one of {UNITS}, got {unit!r}")
     if fmt == "text":
         for doc in corpora.read_text_documents(path, stats):
             yield "\n".join(doc)
@@ -653,7 +672,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 out_dir: str | os.PathLike[str], dp: bool = True,
                 do_lower_case: bool = True, seed: int | None = None, num_workers: int = 1,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
-                progress: bool = True) -> VocabResult:
+                progress: bool = True, unit: str = "document") -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -677,6 +696,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
       accounting: "pld" or "basic".
       num_unused: ``[unusedN]`` slots before ``[UNK]``.
       progress: tqdm bar while counting.
+      unit: "document" (one note / text document is one example) or "patient" (noteevents:
+        the notes of one SUBJECT_ID together are one example).
 
     Returns:
       :class:`VocabResult`.
@@ -690,6 +711,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
         raise corpora.CorpusError(f"corpus file not found: {os.fspath(input_path)!r}")
     if fmt not in FORMATS:
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if unit not in UNITS or (unit == "patient" and fmt != "noteevents"):
+        raise VocabError(f"unit={unit!r} must be one of {UNITS} ('patient' needs "
+                         f"format='noteevents', got {fmt!r})")
     if not (isinstance(num_workers, int) and num_workers >= 1):
         raise VocabError(f"num_workers must be an integer >= 1, got {num_workers!r}")
     privacy = calibrate_histogram(epsilon, delta, max_words_per_example,
@@ -710,7 +734,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     entropy = int(root.entropy)
     stats = corpora.ReadStats()
     histogram, num_examples = word_histogram(
-        iter_examples(input_path, fmt, stats), max_words_per_example if dp else None,
+        iter_examples(input_path, fmt, stats, unit), max_words_per_example if dp else None,
         entropy, do_lower_case, num_workers, progress)
     t_count = time.perf_counter() - start - t_calibrate
 
@@ -729,7 +753,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
 
     report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                      num_learned, num_unused, do_lower_case, seed, num_examples,
-                     len(histogram), len(word_counts), stats)
+                     len(histogram), len(word_counts), stats, unit)
     report["seconds"] = {"calibrate": round(t_calibrate, 3), "count": round(t_count, 3),
                          "wordpiece": round(t_train, 3),
                          "total": round(time.perf_counter() - start, 3)}
@@ -753,15 +777,17 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
             k: int, vocab_size: int, num_learned: int, num_unused: int,
             do_lower_case: bool, seed: int | None, num_examples: int,
             num_distinct: int, num_surviving: int,
-            stats: corpora.ReadStats) -> dict[str, Any]:
+            stats: corpora.ReadStats, unit: str = "document") -> dict[str, Any]:
     """The content of ``vocab_privacy.json``."""
     report: dict[str, Any] = {
         "dp": privacy is not None,
         "epsilon": float(epsilon) if privacy else None,
         "delta": float(delta) if privacy else None,
         "K": k if privacy else None,
-        "neighbouring_relation": "add or remove one example",
-        "example_definition": EXAMPLE_DEFINITIONS[fmt],
+        "unit": unit,
+        "neighbouring_relation": ("add or remove one patient (all their notes)"
+                                  if unit == "patient" else "add or remove one example"),
+        "example_definition": EXAMPLE_DEFINITIONS["patient" if unit == "patient" else fmt],
         "format": fmt,
     }
     if privacy is not None:
