@@ -34,6 +34,7 @@ NOT_COVERED = (
     "console: loss, accuracy, num_nonfinite, held-out MLM numbers) are exact aggregates over "
     "private data, and checkpoints hold un-noised gradient sums and the run's secret noise key. "
     "Treat logs and checkpoints like the training data; share the model and this report.")
+UNITS_NOTE = "exact statistics of the training corpus (not privatized)"
 MULTIPLICITY_NOTE = ("exact statistics of the training corpus (not privatized), stated so that "
                      "group privacy can be judged")
 # Vocabulary report fields that may travel with a model (the rest are exact corpus counts).
@@ -197,7 +198,7 @@ def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
                               "privacy_unit": privacy_unit, "unit_definition": unit}
     if units:
         report["units"] = {**units, "max_examples_per_unit": max_examples_per_unit,
-                           "note": MULTIPLICITY_NOTE}
+                           "note": UNITS_NOTE}
     if multiplicity:
         report["unit_multiplicity"] = {**multiplicity, "note": MULTIPLICITY_NOTE}
     if training is None:
