@@ -145,7 +145,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.dp.clipping = "ghost_embedding"
     # Stop at the last step whose epsilon is <= this (None = no budget; train.num_steps decides).
     c.dp.target_epsilon = config_dict.placeholder(float)
-    # delta of the (epsilon, delta) guarantee; must be < 1 / number of training examples.
+    # delta of the (epsilon, delta) guarantee; must be < 1 / N (N = training examples, or units
+    # with privacy_unit note / patient).
     c.dp.delta = 1e-6
     # Privacy accountant of dp_accounting: "pld" (tight, default) or "rdp".
     c.dp.accountant = "pld"
@@ -156,8 +157,23 @@ def get_config() -> ml_collections.ConfigDict:
     # "per_shard": every batch shard adds sigma*C (TF CrossShardOptimizer); the accountant then
     # uses sigma*sqrt(P) (Hoory et al. Eq. 3).
     c.dp.noise_mode = "global"
-    # What one neighbouring record is: "example" (one [CLS] A [SEP] B [SEP] sequence).
+    # What one neighbouring record is (the unit the guarantee protects): "example" (one
+    # [CLS] A [SEP] B [SEP] sequence), "note" (one note / document with every sequence made
+    # from it) or "patient" (one SUBJECT_ID with every sequence made from their notes; a
+    # document in plain-text corpora, which have no SUBJECT_IDs). For note / patient, 'random
+    # next' segments stay inside the unit, Poisson sampling draws units, each unit's gradient
+    # is clipped once to clip_norm, the accountant's N is the number of units, and the batch
+    # sizes below count UNITS (dpbert.dp.units).
     c.dp.privacy_unit = "example"
+    # K (note / patient only): a sampled unit contributes at most this many sequences to a
+    # logical batch (all of them if it has fewer; else K chosen uniformly at random with the
+    # run's secret sampler randomness). A physical batch holds [units, K] sequence slots, so
+    # memory and compute grow with K; padding slots cost compute too.
+    c.dp.max_examples_per_unit = 8
+    # Note / patient only: a unit's loss is the "mean" (default: a unit weighs like one example
+    # and C tuned per example still fits) or the "sum" of its sequences' losses (more weight
+    # to units with more sequences, until clipping). BENCHMARKS.md compares them.
+    c.dp.unit_loss = "mean"
     # False (always, for a release): the noise key and the sampler's seed are drawn from OS
     # entropy at the start of the run and kept only in its checkpoints. True derives them from
     # `seed`: runs become reproducible and are NOT private (anyone who knows the seed can remove
@@ -170,7 +186,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---------------------------------------------------------------------------------- batch
     c.batch = ml_collections.ConfigDict()
-    # B: expected examples per logical batch (one noise draw, one optimizer update).
+    # B: expected examples per logical batch (one noise draw, one optimizer update); expected
+    # UNITS with dp.privacy_unit note / patient (the batch sizes below count units too).
     c.batch.expected_batch_size = 256
     # Examples per jitted call, over all devices; a logical batch spans as many calls as its
     # capacity needs ("batch spread in time", Hoory et al.). Must divide by the device count.

@@ -45,6 +45,8 @@ class PretrainingDataset:
       instances: the underlying ``Instances``.
       metadata: free-form facts about how the examples were made (corpus, counts, fingerprint,
         canary file, ...).
+      unit_ids: int64 [N], the privacy unit (0..U-1) of every example when the examples were
+        made for a unit larger than one example (note, patient), else None.
     """
 
     def __init__(self, instances: Instances, masking: MaskingParams, *,
@@ -68,6 +70,7 @@ class PretrainingDataset:
         self.seed = int(seed)
         self.metadata = dict(metadata or {})
         self.num_examples = len(instances)
+        self.unit_ids: np.ndarray | None = None
         # Copies of small per-instance arrays: fast element access even when memory-mapped.
         self._offsets = np.asarray(instances.offsets, dtype=np.int64)
         self._a_lengths = np.asarray(instances.a_lengths, dtype=np.int64)
@@ -148,6 +151,32 @@ class PretrainingDataset:
         indices = np.asarray(indices)
         return self._batch(indices, np.full(indices.shape, int(step), np.int64),
                            _MASK_DOMAIN_STEP)
+
+
+EXAMPLE_MASK = "example_mask"  # the feature of a unit batch saying which slots hold examples
+
+
+def get_unit_batch(dataset: Any, indices: np.ndarray, example_mask: np.ndarray, *,
+                   step: int) -> dict[str, np.ndarray]:
+    """A batch of units: [n, K] example slots of any dataset with ``get_batch``.
+
+    Args:
+      dataset: has ``get_batch(indices int [m], *, step) -> dict of [m, ...]``.
+      indices: int [n, K], example indices (padding slots: any valid index, e.g. 0).
+      example_mask: bool [n, K], False for padding slots.
+      step: passed on (masking randomness per (step, example)).
+
+    Returns:
+      The dataset's features reshaped to [n, K, ...], plus ``EXAMPLE_MASK`` bool [n, K].
+    """
+    indices = np.asarray(indices)
+    if indices.ndim != 2 or np.shape(example_mask) != indices.shape:
+        raise ValueError(f"unit batch: indices {indices.shape} and example_mask "
+                         f"{np.shape(example_mask)} must both be [units, K]")
+    flat = dataset.get_batch(indices.reshape(-1), step=step)
+    out = {k: v.reshape(indices.shape + v.shape[1:]) for k, v in flat.items()}
+    out[EXAMPLE_MASK] = np.asarray(example_mask, bool)
+    return out
 
 
 U = TypeVar("U")

@@ -18,9 +18,11 @@ What an example is (the privacy unit of the vocabulary)
 ``format="noteevents"``: one note (one ``NOTEEVENTS`` row).  ``format="text"``: one
 document (a blank-line-separated block).  The guarantee is for adding or removing one
 example.  It is never weaker than a per-sequence guarantee: every pretraining sequence
-is cut from documents, so a sequence-level unit is contained in this one.  For a
-patient-level unit (all notes of a ``SUBJECT_ID``), group the notes first (see
-``docs/dp_vocab.md``); this module does not.
+is cut from documents, so a sequence-level unit is contained in this one.  With
+``unit="patient"`` (noteevents only) the notes of one ``SUBJECT_ID`` are grouped into ONE
+example before contribution bounding, so a patient's notes together contribute at most K
+distinct words and the guarantee is per patient (add or remove one patient with all their
+notes).  Grouping holds the corpus's text in memory, grouped by patient, before counting.
 
 Contribution bounding and the privacy analysis
 ----------------------------------------------
@@ -120,7 +122,9 @@ ACCOUNTING_MODES = ("pld", "basic")
 EXAMPLE_DEFINITIONS = {
     "text": "one document of the text corpus (a blank-line-separated block of sentences)",
     "noteevents": "one MIMIC-III note (one NOTEEVENTS row, i.e. one ROW_ID)",
+    "patient": "one patient (SUBJECT_ID): all their MIMIC-III notes (NOTEEVENTS rows) together",
 }
+UNITS = ("document", "patient")  # what one example of the vocabulary is (see module doc)
 # Examples per work item sent to a worker; fixed so results do not depend on workers.
 CHUNK_SIZE = 256
 # Cap on the words fed to the WordPiece trainer (see learn_wordpiece).
@@ -654,8 +658,23 @@ def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
 
 def iter_examples(path: str | os.PathLike[str], fmt: str,
                   stats: corpora.ReadStats | None = None,
-                  max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION) -> Iterator[str]:
-    """Example texts of a corpus: one document (``text``) or one note (``noteevents``)."""
+                  max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
+                  unit: str = "document") -> Iterator[str]:
+    """Example texts of a corpus: one document (``text``) or one note (``noteevents``); with
+    ``unit="patient"`` (noteevents) the notes of one SUBJECT_ID joined, patients in
+    SUBJECT_ID order."""
+    if unit == "patient":
+        if fmt != "noteevents":
+            raise VocabError(f"unit='patient' needs format='noteevents' (SUBJECT_IDs), got "
+                             f"{fmt!r}")
+        by_subject: dict[int, list[str]] = collections.defaultdict(list)
+        for note in corpora.read_noteevents(path, stats, max_bad_fraction):
+            by_subject[note.subject_id].append(note.text)
+        for subject in sorted(by_subject):
+            yield "\n".join(by_subject.pop(subject))
+        return
+    if unit != "document":
+        raise VocabError(f"unit must be one of {UNITS}, got {unit!r}")
     if fmt == "text":
         for doc in corpora.read_text_documents(path, stats, max_bad_fraction):
             yield "\n".join(doc)
@@ -691,7 +710,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
                 progress: bool = True,
                 max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
-                min_learned_tokens: int = 0) -> VocabResult:
+                min_learned_tokens: int = 0, unit: str = "document") -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -720,6 +739,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
         a VocabError naming the threshold and the number of examples; launch/build_vocab.py
         passes 1 (a vocabulary of characters only is refused). 0 keeps the old behaviour
         (training's tiny test corpora), with the warning below.
+      unit: "document" (one note / text document is one example) or "patient" (noteevents:
+        the notes of one SUBJECT_ID together are one example).
 
     Returns:
       :class:`VocabResult` (``report["warnings"]`` when the vocabulary learned fewer than
@@ -745,6 +766,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     _check_sizes(vocab_size, num_unused)
     if accounting not in ACCOUNTING_MODES:
         raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
+    if unit not in UNITS or (unit == "patient" and fmt != "noteevents"):
+        raise VocabError(f"unit={unit!r} must be one of {UNITS} ('patient' needs "
+                         f"format='noteevents', got {fmt!r})")
     privacy = calibrate_histogram(epsilon, delta, max_words_per_example,
                                   accounting) if dp else None
     if privacy is not None and privacy.epsilon_per_word >= MAX_PER_WORD_EPSILON:
@@ -770,7 +794,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     entropy = int(root.entropy)
     stats = corpora.ReadStats()
     histogram, num_examples = word_histogram(
-        iter_examples(input_path, fmt, stats, max_bad_fraction),
+        iter_examples(input_path, fmt, stats, max_bad_fraction, unit),
         max_words_per_example if dp else None,
         entropy, do_lower_case, num_workers, progress)
     t_count = time.perf_counter() - start - t_calibrate
@@ -792,7 +816,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
 
     report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                      num_learned, num_unused, do_lower_case, seed, num_examples,
-                     len(histogram), len(word_counts), stats)
+                     len(histogram), len(word_counts), stats, unit)
     if warnings:
         report["warnings"] = warnings
     report["seconds"] = {"calibrate": round(t_calibrate, 3), "count": round(t_count, 3),
@@ -883,15 +907,17 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
             k: int, vocab_size: int, num_learned: int, num_unused: int,
             do_lower_case: bool, seed: int | None, num_examples: int,
             num_distinct: int, num_surviving: int,
-            stats: corpora.ReadStats) -> dict[str, Any]:
+            stats: corpora.ReadStats, unit: str = "document") -> dict[str, Any]:
     """The content of ``vocab_privacy.json``."""
     report: dict[str, Any] = {
         "dp": privacy is not None,
         "epsilon": float(epsilon) if privacy else None,
         "delta": float(delta) if privacy else None,
         "K": k if privacy else None,
-        "neighbouring_relation": "add or remove one example",
-        "example_definition": EXAMPLE_DEFINITIONS[fmt],
+        "unit": unit,
+        "neighbouring_relation": ("add or remove one patient (all their notes)"
+                                  if unit == "patient" else "add or remove one example"),
+        "example_definition": EXAMPLE_DEFINITIONS["patient" if unit == "patient" else fmt],
         "format": fmt,
     }
     if privacy is not None:

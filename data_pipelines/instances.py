@@ -8,8 +8,19 @@ back at random). Deterministic in ``seed``; ``dupe_factor`` repeats the whole pa
 instances are the examples the accountant counts (privacy unit "example" = one sequence). Per
 instance we keep the documents, SUBJECT_IDs and sentence ranges of segments A and B, so the
 report can state how many examples one sentence / document / subject touches
-(``unit_multiplicities``) and a patient-level unit can be built. ``Instances`` stores them
-compactly and saves/loads ``.npy`` files (memory-mapped on load).
+(``unit_multiplicities``). ``Instances`` stores them compactly and saves/loads ``.npy`` files
+(memory-mapped on load).
+
+Privacy units other than one sequence (``InstanceParams.privacy_unit`` "note" or "patient",
+issue 15): every example must belong to exactly ONE unit, or the per-unit sensitivity bound
+fails. BERT's 'random next' segment B comes from another document (another note, often another
+patient); for these units it is drawn from the SAME unit instead: for "patient", from another
+note of the same patient (SUBJECT_ID), else from a non-adjacent part of the same note; for
+"note", from a non-adjacent part of the same note ("non-adjacent": B neither overlaps A nor
+touches it, one sentence at least lies between them). A chunk that has no such part keeps its
+actual next segment, or yields no example when it is a single sentence. In a plain-text corpus
+(no SUBJECT_IDs) a patient is a document. ``unit_ids`` gives each example's unit and checks
+that A and B share it. The "example" path is BERT's algorithm, unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ _log = logging.getLogger(__name__)
 # Bump when the instance-creation code changes in a way that changes its output: part of the
 # cache fingerprint.
 INSTANCES_FORMAT_VERSION = 3
+# What one privacy unit is: one sequence, one note (document), one patient (SUBJECT_ID; a
+# document in corpora without SUBJECT_IDs).
+PRIVACY_UNITS = ("example", "note", "patient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +56,9 @@ class InstanceParams:
     short_seq_prob: float = 0.1
     dupe_factor: int = 1
     seed: int = 12345
+    # "example" (BERT's algorithm), or "note" / "patient": 'random next' segments B come from
+    # the example's own unit (module docstring).
+    privacy_unit: str = "example"
 
     def validate(self) -> None:
         if self.max_seq_length < 5:
@@ -51,6 +68,9 @@ class InstanceParams:
             raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
             raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got "
+                             f"{self.privacy_unit!r}")
 
 
 @dataclasses.dataclass
@@ -200,6 +220,20 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
     max_num_tokens = params.max_seq_length - 3
     tokens = corpus.tokens
 
+    def other_document(position: int) -> tuple[int, int, int]:
+        """BERT's 'random next': a random sentence of a random other document, to its end."""
+        other = position
+        for _ in range(10):  # the original tries 10 times to avoid itself
+            other = rng.randint(0, num_docs - 1)
+            if other != position:
+                break
+        other_doc = order[other]
+        o_first, o_count = doc_first[other_doc], doc_count[other_doc]
+        return other_doc, o_first + rng.randint(0, o_count - 1), o_first + o_count
+
+    same_unit = (None if params.privacy_unit == "example" else
+                 _same_unit_source(corpus, params.privacy_unit, rng, doc_first, doc_count))
+
     def gather(first_sentence: int, n: int, cut_front: int, cut_back: int) -> np.ndarray:
         start = sent_start[first_sentence]
         end = sent_start[first_sentence + n - 1] + sent_len[first_sentence + n - 1]
@@ -231,31 +265,34 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
                     a_end = rng.randint(1, chunk_len - 1) if chunk_len >= 2 else 1
                     c0 = first + chunk_start
                     len_a = sum(sent_len[c0:c0 + a_end])
-                    if chunk_len == 1 or rng.random() < 0.5:
-                        random_next = True
+                    random_next = chunk_len == 1 or rng.random() < 0.5
+                    source = None
+                    if random_next:
+                        source = (other_document(position) if same_unit is None
+                                  else same_unit(doc, c0, a_end))
+                    if source is not None:
+                        # B: sentences b_first.. (before b_limit) up to the target length.
+                        b_document, b_first, b_limit = source
                         target_b = target - len_a
-                        other = position
-                        for _ in range(10):  # the original tries 10 times to avoid itself
-                            other = rng.randint(0, num_docs - 1)
-                            if other != position:
-                                break
-                        other_doc = order[other]
-                        o_first, o_count = doc_first[other_doc], doc_count[other_doc]
-                        b_first = o_first + rng.randint(0, o_count - 1)
                         b_n, len_b = 0, 0
-                        for j in range(b_first, o_first + o_count):
+                        for j in range(b_first, b_limit):
                             b_n += 1
                             len_b += sent_len[j]
                             if len_b >= target_b:
                                 break
                         # Put the unused segments of the chunk back for the next instance.
                         i -= chunk_len - a_end
-                        b_document = other_doc
-                    else:
+                    elif chunk_len >= 2:
                         random_next = False
                         b_first, b_n = c0 + a_end, chunk_len - a_end
                         len_b = sum(sent_len[b_first:b_first + b_n])
                         b_document = doc
+                    else:
+                        # One sentence, and its unit has no other part to pair it with: no
+                        # example (only with privacy_unit note / patient).
+                        chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
+                        i += 1
+                        continue
                     cfa, cba, cfb, cbb = _truncate_seq_pair(len_a, len_b, max_num_tokens, rng)
                     a = gather(c0, a_end, cfa, cba)
                     b = gather(b_first, b_n, cfb, cbb)
@@ -297,6 +334,98 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
         b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64),
         a_sentence_start=sent[:, 0], a_sentence_count=sent[:, 1].astype(np.int32),
         b_sentence_start=sent[:, 2], b_sentence_count=sent[:, 3].astype(np.int32))
+
+
+def _same_unit_source(corpus: TokenizedCorpus, privacy_unit: str, rng: random.Random,
+                      doc_first: list[int], doc_count: list[int]):
+    """`source(doc, c0, a_end) -> (document, first sentence, sentence limit) | None`: where a
+    'random next' segment B comes from when it must stay in the example's unit (module doc).
+
+    patient: a random sentence of another note of the same SUBJECT_ID, to that note's end;
+    else (and for note): a random start in the same document outside A, not touching it:
+    before A (B then ends one sentence before A) or after A's true next sentence. None when
+    the document has no such sentence.
+    """
+    groups: list[list[int]] = []
+    group_of = [-1] * corpus.num_documents
+    if privacy_unit == "patient":
+        subjects = np.asarray(corpus.subject_ids)
+        known = subjects != NO_SUBJECT
+        if known.any() and not known.all():
+            missing = int(np.flatnonzero(~known)[0])
+            raise ValueError(
+                f"privacy_unit='patient' needs a SUBJECT_ID on every note, but document "
+                f"{int(corpus.doc_keys[missing])} (and {int((~known).sum()) - 1} more) has none")
+        if known.any():  # corpora without SUBJECT_IDs: a patient is a document
+            ids, inverse = np.unique(subjects, return_inverse=True)
+            groups = [[] for _ in range(len(ids))]
+            for d, g in enumerate(inverse.tolist()):
+                groups[g].append(d)
+                group_of[d] = g
+    position_in_group = [0] * corpus.num_documents
+    for members in groups:
+        for k, d in enumerate(members):
+            position_in_group[d] = k
+
+    def source(doc: int, c0: int, a_end: int) -> tuple[int, int, int] | None:
+        g = group_of[doc]
+        if g >= 0 and len(groups[g]) > 1:
+            k = rng.randrange(len(groups[g]) - 1)
+            if k >= position_in_group[doc]:
+                k += 1  # a uniform choice among the other notes
+            other = groups[g][k]
+            o_first, o_count = doc_first[other], doc_count[other]
+            return other, o_first + rng.randint(0, o_count - 1), o_first + o_count
+        first, end = doc_first[doc], doc_first[doc] + doc_count[doc]
+        n_before = max(c0 - 1 - first, 0)  # starts in [first, c0 - 1), B stops before c0 - 1
+        after = c0 + a_end + 1  # after A's true next sentence (c0 + a_end)
+        n_after = max(end - after, 0)
+        if n_before + n_after == 0:
+            return None
+        j = rng.randrange(n_before + n_after)
+        if j < n_before:
+            return doc, first + j, c0 - 1
+        return doc, after + j - n_before, end
+
+    return source
+
+
+def unit_ids(instances: Instances, privacy_unit: str) -> np.ndarray:
+    """int64 [N]: the privacy unit of every example, numbered 0..U-1.
+
+    "example": every example its own unit. "note": its document. "patient": its SUBJECT_ID, or
+    its document where the corpus has no SUBJECT_IDs (plain text). Examples outside the corpus
+    (example-placed canaries, document -1) are each a unit of their own.
+
+    Raises:
+      ValueError: an example whose segment B lies in another unit than A (instances made for
+        privacy_unit="example" cannot serve a larger unit).
+    """
+    if privacy_unit not in PRIVACY_UNITS:
+        raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
+    n = len(instances)
+    if privacy_unit == "example":
+        return np.arange(n, dtype=np.int64)
+    doc_a = np.asarray(instances.doc_index, np.int64)
+    doc_b = np.asarray(instances.b_doc_index, np.int64)
+    # Keys: subject ids >= 0; documents -(d + 2) <= -2; outside examples below all of them.
+    key_a, key_b = -(doc_a + 2), -(doc_b + 2)
+    if privacy_unit == "patient":
+        subj_a = np.asarray(instances.subject_id, np.int64)
+        subj_b = np.asarray(instances.b_subject_id, np.int64)
+        key_a = np.where(subj_a != NO_SUBJECT, subj_a, key_a)
+        key_b = np.where(subj_b != NO_SUBJECT, subj_b, key_b)
+    outside = doc_a < 0
+    crossing = ~outside & (key_a != key_b)
+    if crossing.any():
+        i = int(np.flatnonzero(crossing)[0])
+        raise ValueError(
+            f"{int(crossing.sum())} examples take segment B from another {privacy_unit} than A "
+            f"(e.g. example {i}: documents {int(doc_a[i])} and {int(doc_b[i])}); such instances "
+            f"were made for privacy_unit='example' and cannot be used per {privacy_unit}")
+    lowest = int(key_a[~outside].min()) if (~outside).any() else 0
+    key_a = np.where(outside, lowest - 1 - np.cumsum(outside), key_a)
+    return np.unique(key_a, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
 def unit_multiplicities(instances: Instances, num_sentences: int, num_documents: int

@@ -28,8 +28,9 @@ from data_pipelines import tokenization
 from data_pipelines.tokenized_corpus import heldout_draw, tokenize_and_split
 from data_pipelines.datasets import PretrainingDataset
 from data_pipelines.documents import NO_SUBJECT
-from data_pipelines.instances import (INSTANCES_FORMAT_VERSION, InstanceParams, Instances,
-                                      create_instances, unit_multiplicities)
+from data_pipelines.instances import (INSTANCES_FORMAT_VERSION, PRIVACY_UNITS, InstanceParams,
+                                      Instances, create_instances, unit_ids,
+                                      unit_multiplicities)
 from data_pipelines.masking import MaskingParams
 
 _log = logging.getLogger(__name__)
@@ -37,10 +38,17 @@ _log = logging.getLogger(__name__)
 CORPUS_KINDS = ("text", "noteevents", "synthetic", "tfds")
 
 
-def _check_config(cfg: ml_collections.ConfigDict) -> None:
+def _check_config(cfg: ml_collections.ConfigDict, privacy_unit: str = "example") -> None:
     """One clear error per bad field (names the key and the value)."""
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"data.{key}={cfg.get(key)!r}: {why}")
+
+    if privacy_unit not in PRIVACY_UNITS:
+        raise ValueError(f"privacy_unit={privacy_unit!r}: must be one of {PRIVACY_UNITS}")
+    if (privacy_unit == "patient" and cfg.corpus in ("noteevents", "synthetic")
+            and cfg.eval_fraction > 0 and cfg.eval_split_unit != "subject"):
+        raise bad("eval_split_unit", "privacy_unit='patient' holds out whole patients: set "
+                                     "data.eval_split_unit='subject'")
 
     if cfg.corpus not in CORPUS_KINDS:
         raise bad("corpus", f"must be one of {CORPUS_KINDS}")
@@ -188,7 +196,8 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
             key_base += last + 1
 
 
-def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> str:
+def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
+                           privacy_unit: str = "example") -> str:
     payload = {
         "format": INSTANCES_FORMAT_VERSION,
         "corpus": _corpus_spec(cfg),
@@ -201,6 +210,8 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> s
         "seed": cfg.seed,
         "canaries": (cfg.canaries.to_dict() if cfg.canaries.enabled else None),
     }
+    if privacy_unit != "example":  # (absent for "example": its cache keys stay as they were)
+        payload["privacy_unit"] = privacy_unit
     if payload["canaries"]:
         payload["canaries"].pop("output_file", None)
         if payload["canaries"].get("file"):
@@ -211,6 +222,7 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str) -> s
 
 
 def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPieceTokenizer,
+                     privacy_unit: str = "example",
                      ) -> tuple[Instances, Instances | None, dict[str, Any], list]:
     """Reads, splits, tokenizes, plants canaries and creates instances (the offline stage)."""
     read_stats: list = []
@@ -222,6 +234,10 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
             if by_subject and doc.subject_id == NO_SUBJECT:
                 raise ValueError(f"eval_split_unit='subject' but document {doc.key} has no "
                                  f"SUBJECT_ID")
+            if privacy_unit == "patient" and not by_subject and doc.subject_id != NO_SUBJECT:
+                raise ValueError("privacy_unit='patient' holds out whole patients but "
+                                 f"document {doc.key} has a SUBJECT_ID and data.eval_split_unit"
+                                 "='document': set data.eval_split_unit='subject'")
             key = doc.subject_id if by_subject else doc.key
             return heldout_draw(cfg.seed, key) < cfg.eval_fraction
 
@@ -257,10 +273,16 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
                                                 seed=cfg.canaries.seed)
     params = InstanceParams(max_seq_length=cfg.max_seq_length,
                             short_seq_prob=cfg.short_seq_prob,
-                            dupe_factor=cfg.dupe_factor, seed=cfg.seed)
+                            dupe_factor=cfg.dupe_factor, seed=cfg.seed,
+                            privacy_unit=privacy_unit)
     train = create_instances(train_corpus, params)
     info["unit_multiplicity"] = unit_multiplicities(train, train_corpus.num_sentences,
                                                     train_corpus.num_documents)
+    if privacy_unit != "example":
+        subjects = train_corpus.subject_ids[train_corpus.subject_ids != NO_SUBJECT]
+        # A vocabulary that is DP per note counts up to this many times per patient.
+        info["unit_multiplicity"]["documents_per_subject_max"] = (
+            int(np.unique(subjects, return_counts=True)[1].max()) if subjects.size else 1)
     if canary_list:
         train = canaries.append_canary_examples(train, canary_list)
     eval_instances = None
@@ -271,6 +293,7 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
 
 
 def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.PathLike,
+                   privacy_unit: str = "example",
                    ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
     """Corpus -> (train, eval) ``PretrainingDataset``s, through the instance cache.
 
@@ -282,20 +305,24 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
     Args:
       data_config: ``configs.common.data_config()`` with overrides.
       vocab_file: a BERT ``vocab.txt``.
+      privacy_unit: "example", "note" or "patient" (the training's ``dp.privacy_unit``): for
+        note / patient, 'random next' segments stay in the example's unit
+        (``instances`` module doc) and ``train_ds.unit_ids`` gives each example's unit.
 
     Returns:
       (train_ds, eval_ds); eval_ds is None when ``eval_fraction`` is 0. ``train_ds.metadata``
-      holds the fingerprint, document / example counts and the canary file path.
+      holds the fingerprint, document / example counts and the canary file path, and for
+      note / patient ``units`` (the unit, its key, the number of units, examples per unit).
 
     Raises:
       ValueError: a bad config value (naming the key), or a corpus without text.
       FileNotFoundError: a missing corpus file / vocab / unprepared TFDS dataset (naming it).
     """
     cfg = data_config
-    _check_config(cfg)
+    _check_config(cfg, privacy_unit)
     vocab_file = os.fspath(vocab_file)
     tok = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=cfg.do_lower_case)
-    fingerprint = _instances_fingerprint(cfg, vocab_file)
+    fingerprint = _instances_fingerprint(cfg, vocab_file, privacy_unit)
     entry = os.path.join(os.path.expanduser(cfg.cache_dir), fingerprint) if cfg.cache_dir else ""
     meta_path = os.path.join(entry, "meta.json") if entry else ""
     if entry and os.path.isfile(meta_path):
@@ -311,7 +338,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
                 shutil.copyfile(canary_file, cfg.canaries.output_file)
                 canary_file = os.path.abspath(cfg.canaries.output_file)
     else:
-        train, eval_instances, info, canary_list = _build_instances(cfg, tok)
+        train, eval_instances, info, canary_list = _build_instances(cfg, tok, privacy_unit)
         meta = {
             "fingerprint": fingerprint, "corpus": cfg.corpus, **info,
             "content_sha256": train.content_hash(),
@@ -348,7 +375,12 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
     common = dict(special=tok.special, vocab_size=tok.vocab_size,
                   is_continuation=tok.is_continuation)
     meta = {**meta, "canary_file": canary_file, "cache_entry": entry}
+    units = None
+    if privacy_unit != "example":
+        units = unit_ids(train, privacy_unit)
+        meta["units"] = _unit_summary(train, units, privacy_unit, meta)
     train_ds = PretrainingDataset(train, masking, seed=cfg.seed, metadata=meta, **common)
+    train_ds.unit_ids = units
     eval_ds = None
     if eval_instances is not None:
         eval_ds = PretrainingDataset(eval_instances, masking, seed=cfg.seed + 1,
@@ -356,6 +388,23 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
     _log.info("pretraining data: %d train examples, %s eval examples (fingerprint %s)",
               train_ds.num_examples, eval_ds.num_examples if eval_ds else 0, fingerprint)
     return train_ds, eval_ds
+
+
+def _unit_summary(train: Instances, units: np.ndarray, privacy_unit: str,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """What the report says about the units: their key, how many, examples per unit (exact
+    corpus statistics, not privatized)."""
+    per_unit = np.bincount(units)
+    has_subjects = bool((np.asarray(train.subject_id) != NO_SUBJECT).any())
+    key = {"note": "document",
+           "patient": "SUBJECT_ID" if has_subjects else "document"}[privacy_unit]
+    return {"privacy_unit": privacy_unit, "unit_key": key, "num_units": int(len(per_unit)),
+            "num_examples": int(len(units)),
+            "examples_per_unit": {"max": int(per_unit.max()),
+                                  "mean": round(float(per_unit.mean()), 3),
+                                  "median": float(np.median(per_unit))},
+            "train_subjects": meta.get("train_subjects"),
+            "train_documents": meta.get("train_documents")}
 
 
 def _save_entry(entry: str, train: Instances, eval_instances: Instances | None,

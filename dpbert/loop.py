@@ -90,6 +90,11 @@ class TaskData:
     # What one training example (the privacy unit "example") is, in words, for the report;
     # None = one pretraining sequence.
     unit_definition: str | None = None
+    # dp.privacy_unit note / patient: int64 [train.num_examples], the unit (0..U-1) of every
+    # training example, and what the report says about the units (`units` metadata of
+    # `data_pipelines.pretraining.build_datasets`); None for a per-example task.
+    unit_ids: np.ndarray | None = None
+    units: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,11 +282,13 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         config.dp, config.batch, num_steps=config.train.num_steps,
         num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
         sampler_seed=sampler_seed, saved_ledger=saved.get("accounting") if saved else None,
-        start_step=int(saved["step"]) if saved else 0)
+        start_step=int(saved["step"]) if saved else 0, unit_ids=data.unit_ids)
     logging.info("plan: %s", plan)
     multiplicity = data.train.metadata.get("unit_multiplicity") or {}
-    vocab_part = report_lib.vocabulary_part(data.vocab_report, data.vocab_origin,
-                                            multiplicity.get("documents_per_example_max", 2))
+    vocab_part = report_lib.vocabulary_part(
+        data.vocab_report, data.vocab_origin,
+        report_lib.vocab_documents_per_unit(data.vocab_report, plan.privacy_unit,
+                                            multiplicity, data.units))
     # Written once the run is known to go ahead (a refused rerun leaves it as it was).
     write_json(workdir / CONFIG_FILE, config_dict)
 
@@ -325,7 +332,9 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
 
     b = config.batch
     rows = sharding.host_rows(b.physical_batch_size, sharding.batch_sharding(mesh))
-    example = data.train.get_batch(np.zeros(len(rows), np.int64), step=0)
+    load_rows = _row_loader(plan, data.train)
+    slots = (len(rows),) + ((plan.max_examples_per_unit,) if plan.per_unit else ())
+    example, _ = load_rows(np.zeros(slots, np.int64), np.zeros(slots, bool), 0)
     abstract_batch = {k: jax.ShapeDtypeStruct((b.physical_batch_size, *v.shape[1:]), v.dtype,
                                               sharding=sharding.batch_sharding(mesh, v.ndim))
                       for k, v in example.items()}
@@ -358,7 +367,21 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data.eval, config, mesh,
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
-                  start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key)
+                  start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
+                  load_rows)
+
+
+def _row_loader(plan, dataset) -> Callable:
+    """(indices, mask, step) -> (this host's batch, its mask [rows]) for the plan's sampler:
+    examples ([rows], mask [rows]) or, per unit, [rows, K] example slots with the example mask
+    as a feature and the unit mask [rows] (a row holds a unit when any slot does)."""
+    if not plan.per_unit:
+        return lambda indices, mask, step: (dataset.get_batch(indices, step=step), mask)
+
+    def load(indices, mask, step):
+        return (datasets.get_unit_batch(dataset, indices, mask, step=step), mask.any(axis=-1))
+
+    return load
 
 
 @dataclasses.dataclass
@@ -395,14 +418,14 @@ class Evaluator:
 
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
-           start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key) -> dict:
+           start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
+           load_rows) -> dict:
     b = config.batch
     sampler = plan.sampler
 
     def load(call: int):
         indices, mask = sampler.batch(call)
-        local = data.train.get_batch(indices[rows], step=call // plan.calls_per_batch)
-        return local, mask[rows]
+        return load_rows(indices[rows], mask[rows], call // plan.calls_per_batch)
 
     def report_at(step_now: int, by_budget: bool = False) -> dict:
         training = None
@@ -410,11 +433,14 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             training = report_lib.training_part(
                 plan.ledger, step_now - plan.ledger.closed_steps, clip_norm=config.dp.clip_norm,
                 privacy_unit=config.dp.privacy_unit, secret=secret,
-                target_epsilon=config.dp.target_epsilon, stopped_by_budget=by_budget)
+                target_epsilon=config.dp.target_epsilon, stopped_by_budget=by_budget,
+                units=report_lib.units_part(plan, data.units))
         return report_lib.run_report(
-            training, vocab_part, privacy_unit=config.dp.privacy_unit,
+            training, vocab_part, privacy_unit=plan.privacy_unit,
             max_seq_length=data.max_seq_length, unit=data.unit_definition,
-            multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now)
+            multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now,
+            units=data.units if plan.per_unit else None,
+            max_examples_per_unit=plan.max_examples_per_unit)
 
     saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
         "content_sha256"), run_hash=run_info_hash(run_info), task_key=task_key, plan=plan,
@@ -463,8 +489,10 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                     scalars = {f"train/{k}": v for k, v in task.train_metrics(totals).items()}
                     scalars["train/num_nonfinite"] = float(totals["num_nonfinite"])
                     scalars["perf/step_time"] = dt / steps_since
-                    scalars["perf/examples_per_sec"] = steps_since * b.expected_batch_size / dt
-                    if data.max_seq_length:
+                    # Per unit the batch sizes count units (the public expected number).
+                    per_sec = "units_per_sec" if plan.per_unit else "examples_per_sec"
+                    scalars[f"perf/{per_sec}"] = steps_since * b.expected_batch_size / dt
+                    if data.max_seq_length and not plan.per_unit:
                         scalars["perf/tokens_per_sec"] = (scalars["perf/examples_per_sec"]
                                                           * data.max_seq_length)
                     if plan.ledger is not None:

@@ -93,8 +93,9 @@ class Progress:
                          k.endswith("accuracy")), None)
         short = accuracy[len("train/"):].replace("accuracy", "acc") if accuracy else ""
         for key, fmt in (("train/loss", "loss {:.3f}"), (accuracy, short + " {:.3f}"),
-                         ("privacy/epsilon", "eps {:.3f}"), ("perf/examples_per_sec",
-                                                             "{:.1f} ex/s")):
+                         ("privacy/epsilon", "eps {:.3f}"),
+                         ("perf/examples_per_sec", "{:.1f} ex/s"),
+                         ("perf/units_per_sec", "{:.1f} units/s")):
             if key in scalars and scalars[key] is not None and np.isfinite(scalars[key]):
                 parts.append(fmt.format(scalars[key]))
         parts.append(f"ETA {_fmt_seconds(eta)}")

@@ -5,10 +5,12 @@ The headline is the TOTAL cost of everything that read the private corpus, per s
     total = vocabulary (if it was built from the private corpus) + training   (basic composition)
 
 Basic composition: epsilons add, deltas add. The vocabulary's guarantee is per document (one
-note, or one text document): one training example takes its text from at most
-`documents_per_example_max` documents (2 when segment B is a 'random next' from another
-document), so per example the vocabulary counts k times by group privacy:
-(k·ε_v, δ_v·Σ_{i<k} e^{i·ε_v}). The report also states, from the data pipeline, how many
+note, or one text document), or per patient when it was built with its notes grouped by
+SUBJECT_ID. Per training unit it counts k times by group privacy, (k·ε_v, δ_v·Σ_{i<k} e^{i·ε_v}),
+with k = `vocab_documents_per_unit`: per example, the documents one example takes its text from
+(2 when segment B is a 'random next' from another document); per note, 1; per patient, 1 when
+the vocabulary is per patient too (or the corpus has no SUBJECT_IDs, a patient being a
+document), else the most notes one patient has. The report also states, from the data pipeline, how many
 examples one sentence / document / subject touches (exact corpus statistics, flagged as not
 privatized), so a reader can see what a sentence-, note- or patient-level statement would
 cost by group privacy.
@@ -32,10 +34,11 @@ NOT_COVERED = (
     "console: loss, accuracy, num_nonfinite, held-out MLM numbers) are exact aggregates over "
     "private data, and checkpoints hold un-noised gradient sums and the run's secret noise key. "
     "Treat logs and checkpoints like the training data; share the model and this report.")
+UNITS_NOTE = "exact statistics of the training corpus (not privatized)"
 MULTIPLICITY_NOTE = ("exact statistics of the training corpus (not privatized), stated so that "
                      "group privacy can be judged")
 # Vocabulary report fields that may travel with a model (the rest are exact corpus counts).
-VOCAB_PUBLIC_FIELDS = ("dp", "epsilon", "delta", "K", "neighbouring_relation",
+VOCAB_PUBLIC_FIELDS = ("dp", "epsilon", "delta", "K", "unit", "neighbouring_relation",
                        "example_definition", "format", "mechanism", "accounting",
                        "secret_randomness", "vocab_size", "num_learned_tokens")
 
@@ -47,13 +50,57 @@ def fmt_eps(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def unit_definition(privacy_unit: str, max_seq_length: int | None) -> str:
+def unit_definition(privacy_unit: str, max_seq_length: int | None,
+                    max_examples_per_unit: int | None = None, unit_key: str = "") -> str:
+    """One sentence: what the guarantee protects (`unit_key`: "SUBJECT_ID" or "document", the
+    key a patient was grouped by)."""
     if privacy_unit == "example":
         length = f" of at most {max_seq_length} tokens" if max_seq_length else ""
         return f"one training sequence{length} ([CLS] A [SEP] B [SEP])"
-    return {"note": "one note (document) with all the training sequences made from it",
-            "patient": "one patient (SUBJECT_ID) with all the training sequences made from "
-                       "their notes"}.get(privacy_unit, privacy_unit)
+    per_batch = (f", at most {max_examples_per_unit} per batch"
+                 if max_examples_per_unit else "")
+    if privacy_unit == "patient" and unit_key == "document":
+        return ("one patient, here one document (the corpus has no SUBJECT_IDs), with all the "
+                f"training sequences made from it{per_batch}")
+    return {"note": f"one note (document) with all the training sequences made from "
+                    f"it{per_batch}",
+            "patient": f"one patient (SUBJECT_ID) with all the training sequences made from "
+                       f"their notes{per_batch}"}.get(privacy_unit, privacy_unit)
+
+
+def vocab_unit(vocab_report: Mapping[str, Any] | None) -> str:
+    """What the vocabulary's neighbouring records are: "patient" or "document" (a note, or a
+    document of a text corpus; reports written before the field existed are per document)."""
+    return str((vocab_report or {}).get("unit", "document"))
+
+
+def vocab_documents_per_unit(vocab_report: Mapping[str, Any] | None, privacy_unit: str,
+                             multiplicity: Mapping[str, Any] | None,
+                             units: Mapping[str, Any] | None) -> int:
+    """k: how many of the vocabulary's neighbouring records one training unit spans (the
+    vocabulary then counts k times by group privacy; see the module docstring)."""
+    multiplicity = multiplicity or {}
+    if privacy_unit == "example":
+        documents = int(multiplicity.get("documents_per_example_max", 2))
+        if vocab_unit(vocab_report) == "patient":
+            return int(multiplicity.get("subjects_per_example_max", documents))
+        return documents
+    if privacy_unit == "note" or vocab_unit(vocab_report) == "patient":
+        return 1  # a note lies in one document and in one patient
+    if (units or {}).get("unit_key") == "document":
+        return 1  # no SUBJECT_IDs: a patient is a document
+    return int(multiplicity.get("documents_per_subject_max", 1))
+
+
+def units_part(plan, units: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The training report's unit fields (None per example): the accountant's N is the number
+    of units, each contributing at most K sequences per logical batch."""
+    if not getattr(plan, "per_unit", False):
+        return None
+    return {"num_units": int(plan.num_examples),
+            "max_examples_per_unit": int(plan.max_examples_per_unit),
+            "unit_loss": plan.unit_loss,
+            "unit_key": (units or {}).get("unit_key")}
 
 
 def public_vocab_report(vocab_report: Mapping[str, Any]) -> dict[str, Any]:
@@ -92,6 +139,11 @@ def vocabulary_part(vocab_report: Mapping[str, Any] | None, origin: str,
     if k > 1:
         part["lifted"] = (f"the vocabulary is DP per document; one unit takes its text from up "
                           f"to {k} documents, so it counts {k} times (group privacy)")
+    elif vocab_unit(vocab_report) == "patient":
+        part["unit_relation"] = ("the vocabulary is DP per patient (a patient's notes grouped by "
+                                 "SUBJECT_ID before bounding) and one training unit lies within "
+                                 "one patient, so it counts once (documents_per_unit = 1, no "
+                                 "group-privacy lifting)")
     if not part["private"]:
         part["why"] = ("the vocabulary's noise was derived from a public seed (vocab.seed set; "
                        "build it with vocab.seed=None for a release)")
@@ -100,12 +152,22 @@ def vocabulary_part(vocab_report: Mapping[str, Any] | None, origin: str,
 
 def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_unit: str,
                   secret: bool, target_epsilon: float | None,
-                  stopped_by_budget: bool) -> dict[str, Any]:
-    """The DP-SGD row: `accounting.privacy_report` of the composed ledger."""
+                  stopped_by_budget: bool, units: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The DP-SGD row: `accounting.privacy_report` of the composed ledger (`units`:
+    `units_part`, for privacy units of several sequences)."""
     total_steps = ledger.closed_steps + steps_in_segment
     part = accounting.privacy_report(ledger.current, total_steps, clip_norm=clip_norm,
                                      privacy_unit=privacy_unit,
                                      epsilon=ledger.epsilon(steps_in_segment))
+    if units:
+        part.update(units)
+        part["note"] = part["note"].split(" The privacy unit")[0] + (
+            f" The sampler draws whole {privacy_unit}s (Poisson over the {units['num_units']} "
+            f"units, num_examples counts units), each contributing at most "
+            f"{units['max_examples_per_unit']} sequences to a logical batch, and the clipper "
+            f"clips each unit's gradient (the {units['unit_loss']} of its sequences' losses) "
+            "once to clip_norm: one unit changes the clipped sum by at most clip_norm.")
     if ledger.closed:
         part["segments"] = ledger.to_json(steps_in_segment)
         part["note"] += (f" The run was resumed under {len(ledger.closed) + 1} different "
@@ -126,12 +188,19 @@ def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_un
 def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
                *, privacy_unit: str, max_seq_length: int | None,
                multiplicity: Mapping[str, Any] | None, steps: int,
-               unit: str | None = None) -> dict[str, Any]:
+               unit: str | None = None,
+               units: Mapping[str, Any] | None = None,
+               max_examples_per_unit: int | None = None) -> dict[str, Any]:
     """privacy_report.json: the total first, then its parts. `unit`: what one example is, in
-    words (a task's own definition; default `unit_definition`)."""
-    unit = unit or unit_definition(privacy_unit, max_seq_length)
+    words (a task's own definition; default `unit_definition`); `units`: the data's unit
+    summary for privacy units of several sequences."""
+    unit = unit or unit_definition(privacy_unit, max_seq_length, max_examples_per_unit,
+                                   (units or {}).get("unit_key", ""))
     report: dict[str, Any] = {"dp": training is not None, "steps": steps,
                               "privacy_unit": privacy_unit, "unit_definition": unit}
+    if units:
+        report["units"] = {**units, "max_examples_per_unit": max_examples_per_unit,
+                           "note": UNITS_NOTE}
     if multiplicity:
         report["unit_multiplicity"] = {**multiplicity, "note": MULTIPLICITY_NOTE}
     if training is None:
@@ -191,11 +260,15 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
     lines += [f"**{report['headline']}**", ""]
     if report.get("dp"):
         t = report["training"]
+        per_unit = (f" of {t['num_units']} {report['privacy_unit']}s (at most "
+                    f"{t['max_examples_per_unit']} sequences each per batch, the "
+                    f"{t['unit_loss']} of their losses clipped once per {report['privacy_unit']})"
+                    if t.get("num_units") else "")
         lines += [
             f"- Training (DP-SGD): ({fmt_eps(t['epsilon'])}, {t['delta']:.3g}), "
             f"`{t['accountant']}` accountant of `dp_accounting`, "
-            f"{t['sampling']} sampling, noise multiplier {t['noise_multiplier']:.4g}, clip norm "
-            f"{t['clip_norm']}, {t['steps']} steps; {t['randomness']}"]
+            f"{t['sampling']} sampling{per_unit}, noise multiplier {t['noise_multiplier']:.4g}, "
+            f"clip norm {t['clip_norm']}, {t['steps']} steps; {t['randomness']}"]
     v = report.get("vocabulary") or {}
     if v.get("read_private_data"):
         if v.get("epsilon") is None:
@@ -206,13 +279,21 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
                 f"({fmt_eps(v['vocabulary_epsilon'])}, {v['vocabulary_delta']:.3g})"
                 + (f"; {v['lifted']}: ({fmt_eps(v['epsilon'])}, {v['delta']:.3g})"
                    if v.get("lifted") else "")
+                + (f"; {v['unit_relation']}" if v.get("unit_relation") else "")
                 + ("" if v.get("private") else f". {v.get('why')}"))
     elif v.get("assumption"):
         lines.append(f"- Vocabulary: assumed public: {v['assumption']}.")
     if report.get("dp"):
         lines.append(f"- Total: {report['composition']}.")
     mult = report.get("unit_multiplicity")
-    if mult:
+    units = report.get("units")
+    if units:
+        e = units["examples_per_unit"]
+        lines.append(f"- What one unit is: {report['unit_definition']}. The guarantee covers "
+                     f"a whole {report['privacy_unit']} directly (no group privacy): the "
+                     f"training data has {units['num_units']} of them, with up to {e['max']} "
+                     f"training sequences each (mean {e['mean']:.3g}; {units['note']}).")
+    elif mult:
         def row(name: str) -> str:
             m = mult.get(name)
             return f"one {name} in up to {m['max']} (mean {m['mean']:.3g})" if m else ""

@@ -47,6 +47,10 @@ _WORKERS = flags.DEFINE_integer("num_workers", min(os.cpu_count() or 1, 8),
 _ACCOUNTING = flags.DEFINE_enum("accounting", "pld", list(dp_vocab.ACCOUNTING_MODES),
                                 "pld: tight PLD analysis of the K-bounded histogram; "
                                 "basic: Hoory et al.'s eps'=eps/K, Lap(2/eps') recipe.")
+_UNIT = flags.DEFINE_enum("unit", "document", list(dp_vocab.UNITS),
+                          "document: one note / document is one example; patient (noteevents): "
+                          "the notes of one SUBJECT_ID together are one example, for training "
+                          "with dp.privacy_unit='patient'.")
 _NUM_UNUSED = flags.DEFINE_integer("num_unused", dp_vocab.DEFAULT_NUM_UNUSED,
                                    "[unusedN] slots between [PAD] and [UNK] (99: BERT ids).",
                                    lower_bound=0)
@@ -71,7 +75,7 @@ def main(argv: list[str]) -> None:
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
             num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
-            min_learned_tokens=1)
+            min_learned_tokens=1, unit=_UNIT.value)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
         print(f"build_vocab: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -8,10 +8,14 @@ noise and the privacy event -- built from a config's `dp` and `batch` sections:
     updater = plan.make_updater(loss_fn, optimizer, trainable=..., noise_draw_sharding=...)
 
     sampler          Poisson (fixed-capacity padded physical batches, truncation accounted) or
-                     shuffled epochs; its seed is the run's SECRET seed
+                     shuffled epochs; its seed is the run's SECRET seed. With
+                     dp.privacy_unit note / patient: Poisson over UNITS, at most
+                     dp.max_examples_per_unit examples each (`sampling.UnitPoissonSampler`);
+                     batch sizes then count units and N is the number of units
     calls_per_batch  jitted calls per logical batch (the batch spread in time)
     clipping         a registered clipper (`dpbert.dp.clipping.register_clipper`) and the loss
-                     shape it needs from the task
+                     shape it needs from the task; per unit, the task's loss is wrapped into
+                     the loss of one unit (`dpbert.dp.units`), so any clipper clips per unit
     noise            sigma (given, or calibrated once from dp.target_epsilon and then read from
                      the ledger on every resume), C, global or per-shard noise
     ledger           the privacy event of the whole run (`dpbert.dp.ledger`), None without DP
@@ -35,7 +39,10 @@ from dpbert.dp import accounting, calibration, sampling
 from dpbert.dp import ledger as ledger_lib
 from dpbert.errors import ConfigError
 
-PRIVACY_UNITS = ("example",)  # units the training loop implements
+# Units the training loop implements: one sequence, one note (document), one patient
+# (SUBJECT_ID; a document in corpora without SUBJECT_IDs). See dpbert.dp.units.
+PRIVACY_UNITS = ("example", "note", "patient")
+UNIT_LOSSES = ("mean", "sum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,16 @@ class DPPlan:
     max_steps_by_budget: int | None
     sampler: Any = dataclasses.field(repr=False)
     ledger: ledger_lib.PrivacyLedger | None = None
+    # dp.privacy_unit, and per unit: K and the unit loss ("mean" | "sum"). num_examples,
+    # expected_batch_size, physical_batch_size and microbatch_size then count units.
+    privacy_unit: str = "example"
+    max_examples_per_unit: int | None = None
+    unit_loss: str | None = None
+
+    @property
+    def per_unit(self) -> bool:
+        """True when the sampler draws units of several examples ([units, K] batches)."""
+        return self.private and self.privacy_unit != "example"
 
     @property
     def spec(self) -> accounting.AccountingSpec | None:
@@ -88,6 +105,10 @@ class DPPlan:
             num_shards=self.num_shards)
         clipper = clipping.get_clipper(self.clipping).make(
             self.clip_norm, self.microbatch_size, self.num_shards, trainable)
+        if self.per_unit:
+            from dpbert.dp import units  # noqa: PLC0415
+
+            loss_fn = units.unit_loss(loss_fn, self.unit_loss)
         return accumulation.DPAggregator(config, loss_fn, optimizer, trainable=trainable,
                                          clipper=clipper,
                                          noise_draw_sharding=noise_draw_sharding)
@@ -116,7 +137,15 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
           "without DP, batches are fixed: set it equal to batch.physical_batch_size")
         return
     d(dp.privacy_unit in PRIVACY_UNITS, "privacy_unit",
-      f"must be one of {PRIVACY_UNITS} (one training sequence) in the training loop")
+      f"must be one of {PRIVACY_UNITS} (one training sequence, one note, one patient)")
+    if dp.privacy_unit != "example":
+        d(dp.sampling == "poisson", "sampling",
+          f"privacy_unit={dp.privacy_unit!r} samples units with Poisson sampling: set "
+          "dp.sampling='poisson'")
+        d(isinstance(dp.get("max_examples_per_unit"), int) and not isinstance(
+            dp.get("max_examples_per_unit"), bool) and dp.max_examples_per_unit >= 1,
+          "max_examples_per_unit", "must be an integer >= 1 (K: a unit's examples per batch)")
+        d(dp.get("unit_loss") in UNIT_LOSSES, "unit_loss", f"must be one of {UNIT_LOSSES}")
     d(dp.clip_norm > 0 and math.isfinite(dp.clip_norm), "clip_norm",
       "must be a positive finite number")
     d(dp.noise_multiplier is not None or dp.target_epsilon is not None, "noise_multiplier",
@@ -140,10 +169,24 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
 
 def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *,
               num_steps: int, num_examples: int, num_shards: int, sampler_seed: int,
-              saved_ledger: list | None = None, start_step: int = 0) -> DPPlan:
+              saved_ledger: list | None = None, start_step: int = 0,
+              unit_ids: Any = None) -> DPPlan:
     """The plan of a fresh run, or of a resumed one (`saved_ledger` and `start_step` from its
-    checkpoint). `sampler_seed` is the run's secret seed (`dpbert.dp.randomness`)."""
+    checkpoint). `sampler_seed` is the run's secret seed (`dpbert.dp.randomness`). With
+    dp.privacy_unit note / patient, `unit_ids` (int [num_examples], the unit 0..U-1 of every
+    training example) is required and N = U."""
     b = batch
+    per_unit = dp.enabled and dp.privacy_unit != "example"
+    what = "training examples"
+    if per_unit:
+        if unit_ids is None:
+            raise ConfigError(f"config.dp.privacy_unit={dp.privacy_unit!r}: the task gives no "
+                              "unit of its training examples; use privacy_unit='example'")
+        if len(unit_ids) != num_examples:
+            raise ValueError(f"unit_ids has {len(unit_ids)} entries for {num_examples} "
+                             "training examples")
+        num_examples = int(max(unit_ids)) + 1
+        what = f"{dp.privacy_unit}s (privacy units)"
     if b.physical_batch_size % num_shards:
         raise ConfigError(
             f"config.batch.physical_batch_size={b.physical_batch_size} is not divisible by the "
@@ -153,7 +196,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                           f"the {num_shards} devices that split the batch")
     if b.expected_batch_size > num_examples:
         raise ConfigError(f"config.batch.expected_batch_size={b.expected_batch_size} exceeds the "
-                          f"{num_examples} training examples")
+                          f"{num_examples} {what}")
     if not dp.enabled:
         sampler = sampling.make_sampler("shuffle", num_examples=num_examples,
                                         expected_batch_size=b.physical_batch_size,
@@ -164,12 +207,17 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                       num_steps, None, sampler, None)
     if dp.delta >= 1.0 / num_examples:
         raise ConfigError(f"config.dp.delta={dp.delta} must be < 1/N = {1.0 / num_examples:.3g} "
-                          f"for the N={num_examples} training examples")
+                          f"for the N={num_examples} {what}")
     calls = _calls_per_batch(dp, b, num_examples)
-    sampler = sampling.make_sampler(dp.sampling, num_examples=num_examples,
-                                    expected_batch_size=b.expected_batch_size,
-                                    physical_batch_size=b.physical_batch_size,
-                                    calls_per_batch=calls, seed=sampler_seed)
+    if per_unit:
+        sampler = sampling.UnitPoissonSampler(
+            unit_ids, b.expected_batch_size, b.physical_batch_size, calls,
+            dp.max_examples_per_unit, seed=sampler_seed)
+    else:
+        sampler = sampling.make_sampler(dp.sampling, num_examples=num_examples,
+                                        expected_batch_size=b.expected_batch_size,
+                                        physical_batch_size=b.physical_batch_size,
+                                        calls_per_batch=calls, seed=sampler_seed)
     # The accounted mechanism is read off the sampler (sampling, N, q, truncation size).
     spec = accounting.AccountingSpec.from_sampler(
         sampler, noise_multiplier=dp.noise_multiplier or 1.0, delta=dp.delta,
@@ -181,7 +229,9 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     num_steps, by_budget = _budget(dp, ledger, num_steps, start_step)
     return DPPlan(True, dp.clipping, float(dp.clip_norm), spec.noise_multiplier, dp.noise_mode,
                   num_examples, num_shards, float(b.expected_batch_size), b.physical_batch_size,
-                  b.microbatch_size, calls, num_steps, by_budget, sampler, ledger)
+                  b.microbatch_size, calls, num_steps, by_budget, sampler, ledger,
+                  dp.privacy_unit, dp.max_examples_per_unit if per_unit else None,
+                  dp.unit_loss if per_unit else None)
 
 
 def from_config(config: ml_collections.ConfigDict, num_examples: int, num_shards: int, *,

@@ -24,6 +24,15 @@ so the truncation is never forgotten); pick the capacity with
 `capacity_for_overflow_probability` so that truncation practically never
 happens and the epsilon equals the untruncated one.
 
+`UnitPoissonSampler` (``dp.privacy_unit`` note or patient, issue 15): the same Poisson
+sampling with truncation over privacy UNITS instead of examples (N = the number of units,
+q = expected units per logical batch / N).  Each sampled unit occupies one row of
+``max_examples_per_unit`` (K) slots: all its examples when it has at most K, else K of them
+chosen uniformly at random without replacement from the run's secret seed.  A unit is never
+split across rows, calls or logical batches.  ``batch(call)`` then returns
+``indices`` int64 [physical_batch_size, K] and ``mask`` bool [physical_batch_size, K]
+(physical_batch_size counts units).
+
 `ShuffleSampler` (``sampling="shuffle"``): fixed-size batches from a fresh
 permutation each epoch.  Provided for comparison; its epsilon is NOT a proven
 bound (see `accounting.SHUFFLE_NOTE`).
@@ -172,6 +181,76 @@ class PoissonSampler(_Sampler):
         # subset of max_batch_size" (the accounted truncation).
         size = min(size, self.max_batch_size)
         return rng.choice(self.num_examples, size=size, replace=False).astype(np.int64)
+
+
+class UnitPoissonSampler(PoissonSampler):
+    """Poisson sampling of privacy units, at most K examples each (see module docstring).
+
+    Args:
+      unit_ids: int [num_rows], the unit (0..U-1, every unit present) of each dataset row.
+      expected_batch_size: expected UNITS per logical batch (q * U).
+      physical_batch_size: units per jitted call (global, all devices).
+      calls_per_batch: jitted calls per logical batch.
+      max_examples_per_unit: K, the public bound on a unit's examples per logical batch.
+      seed: the run's SECRET sampler seed; logical batch t draws its units from
+        default_rng([seed, t]) (as `PoissonSampler`) and the examples of its units from
+        default_rng([seed, t, 1]).
+    """
+
+    _EXAMPLE_STREAM = 1
+
+    def __init__(self, unit_ids: np.ndarray, expected_batch_size: float,
+                 physical_batch_size: int, calls_per_batch: int = 1,
+                 max_examples_per_unit: int = 1, seed: int = 0):
+        unit_ids = np.asarray(unit_ids)
+        if unit_ids.ndim != 1 or not unit_ids.size or not np.issubdtype(unit_ids.dtype,
+                                                                         np.integer):
+            raise ValueError(f"unit_ids must be a non-empty 1-D integer array, got shape "
+                             f"{unit_ids.shape} and dtype {unit_ids.dtype}")
+        if unit_ids.min() < 0:
+            raise ValueError("unit_ids must be >= 0")
+        counts = np.bincount(unit_ids)
+        if not counts.all():
+            raise ValueError(f"unit_ids must number the units 0..U-1 without gaps; unit "
+                             f"{int(np.flatnonzero(counts == 0)[0])} has no example")
+        super().__init__(len(counts), expected_batch_size, physical_batch_size,
+                         calls_per_batch, seed)
+        self.max_examples_per_unit = check_int("max_examples_per_unit", max_examples_per_unit,
+                                               minimum=1)
+        self.num_units = self.num_examples  # what the accountant counts
+        self.num_rows = int(unit_ids.size)
+        self.unit_sizes = counts
+        self._members = np.argsort(unit_ids, kind="stable").astype(np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def unit_members(self, unit: int) -> np.ndarray:
+        """int64 [n_u]: the dataset rows of `unit`, ascending."""
+        return self._members[self._starts[unit]:self._starts[unit + 1]]
+
+    def batch(self, call: int) -> tuple[np.ndarray, np.ndarray]:
+        """(indices int64 [physical_batch_size, K], mask bool [physical_batch_size, K]).
+
+        Row r of call c holds one sampled unit (units fill the first rows of the logical
+        batch); padding slots and rows have index 0 and mask False.
+        """
+        call = check_int("call", call, minimum=0)
+        step, part = divmod(call, self.calls_per_batch)
+        if self._cache is None or self._cache[0] != step:
+            k = self.max_examples_per_unit
+            units = self.logical_batch(step)
+            rng = np.random.default_rng([self.seed, step, self._EXAMPLE_STREAM])
+            padded = np.zeros((self.max_batch_size, k), np.int64)
+            mask = np.zeros((self.max_batch_size, k), bool)
+            for row, unit in enumerate(units.tolist()):
+                members = self.unit_members(unit)
+                if members.size > k:  # K of them, uniformly at random
+                    members = np.sort(rng.choice(members, size=k, replace=False))
+                padded[row, :members.size] = members
+                mask[row, :members.size] = True
+            self._cache = (step, (padded, mask))
+        padded, mask = self._cache[1]
+        sl = slice(part * self.physical_batch_size, (part + 1) * self.physical_batch_size)
+        return padded[sl].copy(), mask[sl].copy()
 
 
 class ShuffleSampler(_Sampler):

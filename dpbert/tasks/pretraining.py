@@ -67,6 +67,9 @@ class PretrainingTask:
         _need(config, config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
               f"must be one of {dchi.MECHANISMS}")
         _need(config, config.dchi.eta > 0, "dchi.eta", "must be > 0")
+        _need(config, config.dchi.mechanism == "none" or config.dp.privacy_unit == "example",
+              "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
+                                f"with dp.privacy_unit={config.dp.privacy_unit!r}")
         _need(config, config.model.max_position_embeddings >= config.data.max_seq_length,
               "model.max_position_embeddings",
               f"must be >= data.max_seq_length ({config.data.max_seq_length})")
@@ -79,7 +82,8 @@ class PretrainingTask:
         data_config = prepare_corpus(config, workdir)
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
-        train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file)
+        unit = config.dp.privacy_unit
+        train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file, unit)
         canary_file = train_ds.metadata.get("canary_file")
         if canary_file and loop.is_primary():  # kept with the run, for launch/exposure.py
             fileio.atomic_write_text(workdir / "canaries.json",
@@ -87,7 +91,8 @@ class PretrainingTask:
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
                              max_seq_length=data_config.max_seq_length,
                              extra={"vocab_file": vocab_file,
-                                    "do_lower_case": data_config.do_lower_case})
+                                    "do_lower_case": data_config.do_lower_case},
+                             unit_ids=train_ds.unit_ids, units=train_ds.metadata.get("units"))
 
     # --------------------------------------------------------------------------- model
 
@@ -271,11 +276,15 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
             v = config.vocab
             print(f"building the {'DP' if v.dp else 'non-private'} WordPiece vocabulary (size "
                   f"{v.size}) from {data.paths[0]} ...", flush=True)
+            # Per patient, a patient's notes are one vocabulary example (at most K distinct
+            # words together), so the vocabulary counts once per patient.
             dp_vocab.build_vocab(
                 data.paths[0], data.corpus, v.size, v.epsilon if v.dp else None,
                 v.delta if v.dp else None, v.max_words_per_example, out, dp=v.dp,
                 do_lower_case=data.do_lower_case, seed=v.seed, progress=False,
-                max_bad_fraction=data.max_bad_fraction)
+                max_bad_fraction=data.max_bad_fraction,
+                unit=("patient" if config.dp.privacy_unit == "patient"
+                      and data.corpus == "noteevents" else "document"))
         loop.sync("vocabulary")
     return str(out / "vocab.txt"), _vocab_report(out / "vocab.txt"), "built"
 

@@ -207,7 +207,6 @@ def test_changed_token_fraction_matches_inversion_accuracy():
     """Fraction of tokens M_txt changes in the released eval set: within the binomial 99.9 %
     interval around 1 − inversion accuracy, the latter from dchi's analysis code on the same
     vocabulary and token distribution (independent noise, 20x the tokens)."""
-    model = make_model()
     eta = 2.5
     p = privatizer("text_to_text", eta=eta)
     f = features(96, seed=5)

@@ -568,7 +568,8 @@ def _shrink(c, cache_dir, steps=2):
         "data.max_predictions_per_seq": 8, "data.cache_dir": str(cache_dir / "instances"),
         "vocab.size": 2000, "vocab.seed": 0, "batch.expected_batch_size": 16,
         "batch.physical_batch_size": 32, "batch.microbatch_size": 16,
-        "dp.overflow_probability": 1e-3, "optimizer.warmup_steps": 1, "train.num_steps": steps,
+        "dp.overflow_probability": 1e-3, "dp.max_examples_per_unit": 2,
+        "optimizer.warmup_steps": 1, "train.num_steps": steps,
         "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
         "train.eval_batch_size": 16, "train.export_hf": False, "checkpoint.async_save": False})
 
