@@ -81,13 +81,14 @@ def parse_flags(argv: Sequence[str], name: str) -> list[str]:
         full = any(a.lstrip("-") == "helpfull" for a in args[1:])
         app.usage(shorthelp=not full, writeto_stdout=True, exitcode=0)
     _check_config_files(args, name)
+    parsed, unset = _pop_none_overrides(args)
     try:
-        rest = flags.FLAGS(args)
+        rest = flags.FLAGS(parsed)
         # config_flags defers a failed config load (a missing file, an exception in
         # get_config) until the value is read; read it now, while errors are still flag errors.
         for flag in flags.FLAGS._flags().values():  # noqa: SLF001 - no public iterator
             if type(flag).__name__ == "_ConfigFlag":
-                flag.value  # noqa: B018
+                _set_none(flag.name, flag.value, unset.get(flag.name, ()))
         return rest
     except flags.Error as e:
         fail(name, f"{one_line(str(e))} (see --help)")
@@ -96,6 +97,35 @@ def parse_flags(argv: Sequence[str], name: str) -> list[str]:
     except (OSError, ValueError, TypeError) as e:
         fail(name, one_line(str(e)))
     raise AssertionError("unreachable")
+
+
+def _pop_none_overrides(args: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """`--config.dp.noise_multiplier=None` (or `none`): config_flags parses the value with the
+    field's type (float('None') fails), so such overrides are taken out of argv and applied
+    after parsing (`_set_none`). Returns (the other args, {flag name: [dotted fields]})."""
+    rest, unset = [], {}
+    for a in args:
+        key, eq, value = a.partition("=")
+        if a.startswith("--") and eq and value.strip().lower() == "none" and "." in key:
+            flag, field = key[2:].split(".", 1)
+            if flag in flags.FLAGS and type(flags.FLAGS[flag]).__name__ == "_ConfigFlag":
+                unset.setdefault(flag, []).append(field)
+                continue
+        rest.append(a)
+    return rest, unset
+
+
+def _set_none(flag: str, config, fields: Sequence[str]) -> None:
+    """Sets each dotted `fields` of `config` to None (a missing field is a KeyError, which
+    parse_flags reports like any unknown field)."""
+    for field in fields:
+        *parents, leaf = field.split(".")
+        node = config
+        for part in parents:
+            node = getattr(node, part)
+        if leaf not in node:
+            raise AttributeError(leaf)
+        setattr(node, leaf, None)
 
 
 def _check_config_files(args: Sequence[str], name: str) -> None:

@@ -32,12 +32,14 @@ def main(argv):
     if problem:
         raise SystemExit(f"train: {problem}")
     # Imported here so that --help is instant and XLA flags set by the caller apply.
-    from dpbert import sharding
+    from dpbert import loop, sharding
     from dpbert.tasks import pretraining
 
-    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-    logging.info("JAX: %d processes, %d devices (%s)", *_devices())
     try:
+        loop.validate(pretraining.TASK, _CONFIG.value)  # a bad value fails before any log line
+        sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
+                                        _PROCESS_ID.value)
+        logging.info("JAX: %d processes, %d devices (%s)", *_devices())
         pretraining.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except PermissionError as e:
         raise SystemExit(f"train: {e.filename}: permission denied ({e.strerror})") from None

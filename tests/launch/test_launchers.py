@@ -106,9 +106,13 @@ def test_train_launcher(tmp_path):
     res = dict(zip(cases, drive("train.py", "train", list(cases.values()))))
     # config_flags registers --config.* override flags from sys.argv at import time, which
     # the driver cannot give per case: these are real command lines.
-    for key, arg in {"unknown field": "--config.dp.noise_multiplierr=2",
-                     "wrong type": "--config.dp.noise_multiplier=abc"}.items():
-        res[key] = run_cli("train.py", demo, f"--workdir={tmp_path / 'w'}", arg)
+    for key, arg in {"unknown field": ["--config.dp.noise_multiplierr=2"],
+                     "wrong type": ["--config.dp.noise_multiplier=abc"],
+                     # None unsets a field (config_flags alone would parse it as a float)
+                     "unset both": ["--config.dp.noise_multiplier=None",
+                                    "--config.dp.target_epsilon=none"],
+                     "unset unknown": ["--config.dp.noise_multiplierr=None"]}.items():
+        res[key] = run_cli("train.py", demo, f"--workdir={tmp_path / 'w'}", *arg)
     for key in ("help", "helpfull"):
         assert res[key][0] == 0 and "--workdir" in res[key][1], res[key]
     expect = {
@@ -118,6 +122,9 @@ def test_train_launcher(tmp_path):
         "unknown field": 'train: error: --config.dp.noise_multiplierr: unknown config field '
                          '\'noise_multiplierr\'; did you mean "noise_multiplier"',
         "wrong type": "train: error: flag --config.dp.noise_multiplier=abc: could not convert",
+        "unset both": "train: config.dp.noise_multiplier=None: give a noise multiplier, or "
+                      "dp.target_epsilon to calibrate one",
+        "unset unknown": "train: error: --config.dp.noise_multiplierr: unknown config field",
         "ignored arg": "train: error: configs/demo_dp.py takes no config arg; got 'ARG'",
         "misspelt arg": "train: error: configs/mimic_dp.py: unknown config arg 'sise'; did you "
                         "mean 'size'?",
