@@ -70,6 +70,12 @@ class PretrainingTask:
         _need(config, config.dchi.mechanism == "none" or config.dp.privacy_unit == "example",
               "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
+        if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
+            from data_pipelines import dp_vocab  # noqa: PLC0415
+
+            floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
+            _need(config, config.vocab.size >= floor, "vocab.size",
+                  f"must be >= {floor} (the special tokens and the public alphabet)")
         _need(config, config.model.max_position_embeddings >= config.data.max_seq_length,
               "model.max_position_embeddings",
               f"must be >= data.max_seq_length ({config.data.max_seq_length})")
