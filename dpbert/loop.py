@@ -157,6 +157,12 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config.checkpoint.every_steps={config.checkpoint.every_steps!r}: "
                           "must be >= 0")
     plan_lib.validate(config.dp, config.batch)
+    opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
+    warmup = opt_config.get("warmup_steps")
+    if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0:
+        # the optimizer's own checks (a NaN learning rate, b1 >= 1, ...) before any data is built
+        opt_config.total_steps = max(int(config.train.num_steps), warmup + 1)
+        optimizers.make_optimizer(opt_config, None)
     task.validate(config)
 
 

@@ -39,6 +39,15 @@ def test_optimizer_config_refuses_non_finite_numbers():
                                            total_steps=10), {"w": jnp.zeros(3)})
 
 
+
+def test_the_loop_checks_the_optimizer_before_any_data_is_built(cache_dir, tmp_path):
+    config = small_config(cache_dir, **{"optimizer.learning_rate": math.nan})
+    with pytest.raises(ValueError, match="learning_rate=nan must be a finite number"):
+        pretraining.train_and_evaluate(config, tmp_path / "run")
+    assert not (tmp_path / "run" / "data").exists()
+    assert not (tmp_path / "run" / "vocab").exists()
+
+
 @pytest.mark.slow
 def test_non_finite_parameters_stop_the_run_before_saving_or_exporting(cache_dir, tmp_path,
                                                                        monkeypatch):
