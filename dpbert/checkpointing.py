@@ -12,9 +12,11 @@ A checkpoint holds two items:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
 import pathlib
 from typing import Any, Iterable, Mapping
 
@@ -30,6 +32,35 @@ RESUMABLE_FIELDS = (
     "checkpoint.every_steps", "checkpoint.max_to_keep", "checkpoint.async_save",
     "train.export_hf", "dp.target_epsilon",
 )
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an error's message, at most `limit` characters (orbax's and
+    TensorStore's messages run to pages)."""
+    text = str(error).strip()
+    return (text.splitlines() or [""])[0][:limit]
+
+
+@contextlib.contextmanager
+def quiet_failed_reads():
+    """Drops orbax's echoes of a failed restore while the context is open.
+
+    orbax reads array shards in coroutines; when a file is damaged, the shards that failed
+    besides the one raised surface later through `sys.unraisablehook` as TensorStore dumps of
+    thousands of lines. The failure itself is raised (and reported once, as a fallback to the
+    previous checkpoint); its echoes are dropped, everything else goes to the previous hook.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if "error while reading array" not in str(unraisable.exc_value)[:200]:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -97,9 +128,9 @@ class Checkpointer:
             try:
                 return step, self.read_meta(step)
             except Exception as e:  # orbax raises several types for a damaged step
-                logger.warning("checkpoint step %d in %s is unreadable (%s: %s); falling back "
-                               "to the previous one", step, self.directory, type(e).__name__,
-                               str(e)[:200])
+                logger.warning("checkpoint step %d is unreadable (%s: %s: %s); falling back "
+                               "to the previous one", step, self.directory / str(step) / "meta",
+                               type(e).__name__, first_line(e))
         return None, None
 
     def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> None:

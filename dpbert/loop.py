@@ -236,7 +236,7 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
             raise PermissionError("not writable")
     except OSError as e:
         raise ConfigError(f"--workdir={workdir}: cannot write there ({e.strerror or e})")
-    with _Lock(workdir):
+    with _Lock(workdir), checkpointing.quiet_failed_reads():
         damaged: set[int] = set()
         while True:
             try:
@@ -331,7 +331,8 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
             state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
         except Exception as e:  # orbax raises several types for truncated or missing files
             ckpt.close()
-            raise _DamagedCheckpoint(latest, f"{type(e).__name__}: {str(e)[:200]}") from e
+            raise _DamagedCheckpoint(latest, f"{type(e).__name__}: "
+                                             f"{checkpointing.first_line(e)}") from e
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
         _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")

@@ -6,6 +6,8 @@ import math
 import os
 import shutil
 import signal
+import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from dpbert import loop, optimizers
+from dpbert import checkpointing, loop, optimizers
 from dpbert.errors import ConfigError
 from dpbert.tasks import pretraining
 from tests.dpbert.test_train import assert_trees, final_params, small_config
@@ -147,3 +149,18 @@ def test_a_moved_workdir_exports_and_a_tampered_run_json_is_refused(cache_dir, t
     (moved / "run.json").write_text(json.dumps(run))
     with pytest.raises(ConfigError, match="run.json does not match the checkpoint"):
         loop.export_from_workdir(moved, tmp_path / "hf2")
+
+
+def test_a_damaged_checkpoint_is_reported_once(monkeypatch):
+    """orbax's coroutine echoes of a failed read (TensorStore dumps of thousands of lines) are
+    dropped while the loop runs; any other unraisable exception still reaches the hook."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    echo = types.SimpleNamespace(exc_value=Exception(
+        "Encountered error while reading array index: (slice(0, 128, 1),). " + "x\n" * 5000))
+    other = types.SimpleNamespace(exc_value=RuntimeError("something else"))
+    with checkpointing.quiet_failed_reads():
+        sys.unraisablehook(echo)
+        sys.unraisablehook(other)
+    assert seen == [other] and sys.unraisablehook == seen.append
+    assert checkpointing.first_line(echo.exc_value) == str(echo.exc_value).splitlines()[0]
