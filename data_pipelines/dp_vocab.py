@@ -838,27 +838,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
 
 def _check_writable_dir(out: pathlib.Path) -> None:
     """Raises VocabError unless ``out`` is (or can be created as) a writable folder."""
-    if out.exists() and not out.is_dir():
-        raise VocabError(f"{out}: exists and is not a folder; --out must be a folder")
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise VocabError(f"{out}: cannot be created ({existing} is a file)")
-    if not _writable(existing):
-        raise VocabError(f"{out}: cannot be written ({existing} is read-only for this user)")
-
-
-def _writable(folder: pathlib.Path) -> bool:
-    """Whether a file can be created in ``folder`` (tried: permission bits do not tell for
-    root or read-only mounts)."""
-    import tempfile  # noqa: PLC0415
-
-    try:
-        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
-            return True
-    except OSError:
-        return False
+    problem = fileio.output_folder_problem(out)
+    if problem:
+        raise VocabError(f"{out}: {problem}")
 
 
 def _check_sizes(vocab_size: Any, num_unused: Any) -> None:

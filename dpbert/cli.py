@@ -31,6 +31,8 @@ from typing import Callable, Sequence
 from absl import app, flags
 from absl import logging
 
+from data_pipelines import fileio
+
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort", "--helpfull",
               "-helpfull")
 # Library code whose INFO/DEBUG log lines are noise on the console.
@@ -162,18 +164,6 @@ def _unknown_field_message(e: BaseException, args: Sequence[str]) -> str:
             + " (fields: see the config file and configs/common.py)")
 
 
-def writable(folder: str) -> bool:
-    """Whether a file can be created in `folder` (tried: permission bits do not tell for root
-    or for read-only mounts)."""
-    import tempfile  # noqa: PLC0415
-
-    try:
-        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
-            return True
-    except OSError:
-        return False
-
-
 class _QuietLibraries(std_logging.Filter):
     """Drops INFO/DEBUG records from jax/orbax/flax (kept: WARNING and above)."""
 
@@ -218,18 +208,9 @@ def check_output_dir(path: str, flag: str, *, must_be_empty: bool = False) -> st
     paths (gs://...) are not checked here."""
     if "://" in path:
         return None
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"{flag}={path}: is a file, not a folder"
-    existing = path
-    while existing and not os.path.exists(existing):
-        parent = os.path.dirname(existing.rstrip("/")) or "."
-        if parent == existing:
-            break
-        existing = parent
-    if not os.path.isdir(existing):
-        return f"{flag}={path}: cannot be created ({existing} is a file)"
-    if not writable(existing):
-        return f"{flag}={path}: not writable ({existing} is read-only for this user)"
+    problem = fileio.output_folder_problem(path)
+    if problem:
+        return f"{flag}={path}: {problem}"
     if must_be_empty and os.path.isdir(path) and os.listdir(path):
         return f"{flag}={path}: is not empty"
     return None

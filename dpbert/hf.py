@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from data_pipelines import tokenization
+from data_pipelines import fileio, tokenization
 from dpbert import model as model_lib
 from dpbert import report as report_lib
 
@@ -322,21 +322,9 @@ def check_export_destination(path: str | os.PathLike, *, overwrite: bool) -> Non
             raise ExportError(
                 f"{out}: is not empty and is not a Hugging Face model folder (no config.json + "
                 "weights); not replacing it even with --overwrite")
-    parent = out.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ExportError(f"{out}: cannot be created ({parent} is a file)")
-    if not _writable(parent):
-        raise ExportError(f"{out}: cannot be written ({parent} is read-only for this user)")
-
-
-def _writable(folder: pathlib.Path) -> bool:
-    try:
-        with tempfile.TemporaryFile(dir=folder, prefix=".dpbert-write-test-"):
-            return True
-    except OSError:
-        return False
+    problem = fileio.output_folder_problem(out)
+    if problem:
+        raise ExportError(f"{out}: {problem}")
 
 
 def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike,

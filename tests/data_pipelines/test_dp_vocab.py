@@ -426,7 +426,7 @@ def test_bad_sizes_and_outputs_refused(synthetic_corpus, tmp_path):
             dp_vocab.build_vocab(**{**args, **kw})
     a_file = tmp_path / "file.txt"
     a_file.write_text("x")
-    with pytest.raises(dp_vocab.VocabError, match="exists and is not a folder"):
+    with pytest.raises(dp_vocab.VocabError, match="is a file, not a folder"):
         dp_vocab.build_vocab(**{**args, "out_dir": a_file})
     with pytest.raises(dp_vocab.VocabError, match="is a file"):
         dp_vocab.build_vocab(**{**args, "out_dir": a_file / "sub"})

@@ -181,7 +181,7 @@ def test_build_vocab_launcher(tmp_path):
         "garbage": "cannot be parsed",
         "truncated": "the gzip data ends early",
         "dir input": "is a directory; expected a corpus file",
-        "out file": "exists and is not a folder",
+        "out file": "is a file, not a folder",
         "no eps": "--epsilon and --delta are required (or pass --no_dp)",
     }
     for key, part in expect.items():
