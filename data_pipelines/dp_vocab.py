@@ -98,27 +98,26 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 import json
 import math
 import multiprocessing
 import os
 import pathlib
 import time
-import unicodedata
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 from absl import logging
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from data_pipelines import corpora, fileio
+from data_pipelines.vocab_privacy import (  # noqa: F401 - dp_vocab's public API
+    ACCOUNTING_MODES, MAX_PER_WORD_EPSILON, MAX_WORDS_PER_EXAMPLE, HistogramPrivacy, VocabError,
+    calibrate_histogram, check_conditions, laplace_composition_epsilon, noisy_threshold)
+from data_pipelines.wordpiece import (  # noqa: F401 - dp_vocab's public API
+    DEFAULT_NUM_UNUSED, WordSplitter, learn_wordpiece, min_vocab_size, public_alphabet,
+    special_tokens)
 
-# BERT's own layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102,
-# [MASK]=103, so the special ids match bert-base vocabularies.
-DEFAULT_NUM_UNUSED = 99
 FORMATS = ("text", "noteevents")
-ACCOUNTING_MODES = ("pld", "basic")
 EXAMPLE_DEFINITIONS = {
     "text": "one document of the text corpus (a blank-line-separated block of sentences)",
     "noteevents": "one MIMIC-III note (one NOTEEVENTS row, i.e. one ROW_ID)",
@@ -127,225 +126,18 @@ EXAMPLE_DEFINITIONS = {
 UNITS = ("document", "patient")  # what one example of the vocabulary is (see module doc)
 # Examples per work item sent to a worker; fixed so results do not depend on workers.
 CHUNK_SIZE = 256
-# Cap on the words fed to the WordPiece trainer (see learn_wordpiece).
-MAX_TRAINING_WORDS = 100_000_000
-_CONTINUATION = "##"
-
-# Public alphabet: Unicode blocks, not data.  Printable ASCII, Latin-1 Supplement,
-# Latin Extended-A, Greek, Cyrillic, General Punctuation and a few common symbols.
-_PUBLIC_RANGES = (
-    (0x21, 0x7E), (0xA1, 0xFF), (0x100, 0x17F), (0x391, 0x3C9), (0x400, 0x45F),
-    (0x2010, 0x2027), (0x2030, 0x203A), (0x20A0, 0x20BF), (0x2100, 0x2122),
-    (0x2190, 0x2193), (0x2200, 0x2265),
-)
 
 
-# No corpus has ln(n) >= 40 (n >= 2e17 examples), so a per-word epsilon this large always
-# fails the theorem's condition eps' < ln n; also the floor of the PLD calibration (smaller
-# Laplace scales make dp_accounting's grid explode: minutes and gigabytes).
-MAX_PER_WORD_EPSILON = 40.0
-# Upper limits on sizes (far above any real use; beyond them time or memory explodes:
-# K = 1e6 takes 80 s and 3 GB to calibrate, vocab_size = 1e9 a billion [unusedN] lines).
-MAX_WORDS_PER_EXAMPLE = 10_000
+
 MAX_VOCAB_SIZE = 1_000_000
 # Below this share of the learnable slots actually learned, build_vocab warns: the rest of
 # vocab.txt is [unusedN] padding and most words split into characters.
 SMALL_VOCAB_SHARE = 0.5
 
 
-class VocabError(ValueError):
-    """A DP vocabulary cannot be built with the given parameters or data."""
-
-
-# --------------------------------------------------------------------------- privacy
-
-
-@dataclasses.dataclass(frozen=True)
-class HistogramPrivacy:
-    """Calibrated parameters of the noisy, thresholded word histogram.
-
-    Attributes:
-      epsilon, delta: the example-level targets (add/remove one example).
-      max_words_per_example: K, the per-example contribution bound.
-      accounting: "pld" or "basic" (see the module docstring).
-      noise_scale: b, the Laplace scale added to every nonzero count.
-      threshold: tau; noisy counts below it are dropped.
-      epsilon_per_word: privacy of one word's count (1/b for "pld", eps' for "basic").
-      delta_per_word: probability that a word present in one example only is released.
-      delta_noise: the part of delta spent on the Laplace part ("pld"; 0 for "basic").
-      delta_threshold: the part of delta spent on releasing new words.
-    """
-
-    epsilon: float
-    delta: float
-    max_words_per_example: int
-    accounting: str
-    noise_scale: float
-    threshold: float
-    epsilon_per_word: float
-    delta_per_word: float
-    delta_noise: float
-    delta_threshold: float
-
-    def mechanism(self) -> str:
-        """One sentence naming the mechanism and its parameters."""
-        return (f"per-example contribution bounding (each distinct word once, at most "
-                f"K={self.max_words_per_example} words, chosen uniformly at random), "
-                f"Laplace noise of scale {self.noise_scale:.6g} on every nonzero word count, "
-                f"words with noisy count < {self.threshold:.6g} dropped "
-                f"(Korolova et al. 2009; Bun et al. 2019; Hoory et al. 2021 Sec. 3.2); "
-                f"accounting: {self.accounting}")
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check_targets(epsilon: float, delta: float, max_words_per_example: int) -> None:
-    """Raises VocabError unless 0 < epsilon < inf, 0 < delta < 1, K >= 1."""
-    if not (_is_number(epsilon) and math.isfinite(epsilon) and epsilon > 0):
-        raise VocabError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not (_is_number(delta) and 0 < delta < 1):
-        raise VocabError(f"delta must be in (0, 1), got {delta!r}")
-    if not (isinstance(max_words_per_example, int) and not isinstance(max_words_per_example, bool)
-            and 1 <= max_words_per_example <= MAX_WORDS_PER_EXAMPLE):
-        raise VocabError(f"max_words_per_example (K) must be an integer in [1, "
-                         f"{MAX_WORDS_PER_EXAMPLE}], got {max_words_per_example!r}")
-
-
-def laplace_composition_epsilon(noise_scale: float, num_compositions: int,
-                                delta: float) -> float:
-    """Epsilon of ``num_compositions`` Laplace mechanisms (sensitivity 1, scale b) at delta.
-
-    Computed with ``dp_accounting``'s pessimistic PLD accountant (an upper bound).
-    """
-    import dp_accounting  # lazy: workers never need it
-    from dp_accounting import pld
-
-    accountant = pld.PLDAccountant()
-    accountant.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.LaplaceDpEvent(noise_multiplier=noise_scale), num_compositions))
-    return float(accountant.get_epsilon(delta))
-
-
-@functools.lru_cache(maxsize=64)
-def calibrate_histogram(epsilon: float, delta: float, max_words_per_example: int,
-                        accounting: str = "pld",
-                        threshold_delta_fraction: float = 0.5) -> HistogramPrivacy:
-    """Derives the noise scale and threshold that give example-level (epsilon, delta).
-
-    Args:
-      epsilon, delta: example-level targets, add/remove-one-example neighbours.
-      max_words_per_example: K.
-      accounting: "pld" (tight, default) or "basic" (Hoory et al.'s formula).
-      threshold_delta_fraction: for "pld", the share of delta spent on new words
-        (the rest goes to the Laplace part).  The threshold is insensitive to it
-        (within 2% over 0.3..0.9 at epsilon=8, K=64), so 0.5.
-
-    Returns:
-      The calibrated :class:`HistogramPrivacy`.
-
-    Raises:
-      VocabError: a target out of range or an unknown accounting mode.
-    """
-    _check_targets(epsilon, delta, max_words_per_example)
-    k = max_words_per_example
-    if accounting == "basic":
-        eps_w, delta_w = epsilon / k, delta / k
-        b = 2.0 / eps_w
-        tau = 1.0 + 2.0 * math.log(2.0 / delta_w) / eps_w
-        return HistogramPrivacy(epsilon, delta, k, accounting, b, tau, eps_w, delta_w,
-                                delta_noise=0.0, delta_threshold=delta)
-    if accounting != "pld":
-        raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
-    if not 0 < threshold_delta_fraction < 1:
-        raise VocabError(f"threshold_delta_fraction must be in (0, 1), "
-                         f"got {threshold_delta_fraction!r}")
-    import dp_accounting
-    from dp_accounting import mechanism_calibration, pld
-
-    delta_threshold = delta * threshold_delta_fraction
-    delta_noise = delta - delta_threshold
-    b_basic = k / epsilon  # basic composition: K Laplace(b) mechanisms are (K/b, 0)-DP
-    # A coarser grid than the default 1e-4 is 15x faster and, being pessimistic, still an
-    # upper bound on epsilon (b moves by < 1e-5 relative at eps=8, K=64).
-    make_accountant = functools.partial(pld.PLDAccountant, value_discretization_interval=1e-3)
-    event = lambda scale: dp_accounting.SelfComposedDpEvent(  # noqa: E731
-        dp_accounting.LaplaceDpEvent(noise_multiplier=scale), k)
-    # Scales below 1/MAX_PER_WORD_EPSILON are never searched: their grid is huge and their
-    # per-word epsilon fails check_conditions for any corpus. Taking the floor instead is
-    # more noise than needed (still (epsilon, delta)-DP) and is refused by check_conditions.
-    b_floor = 1.0 / MAX_PER_WORD_EPSILON
-    if b_basic <= b_floor or make_accountant().compose(event(b_floor)).get_epsilon(
-            delta_noise) <= epsilon:
-        b = b_floor
-    elif make_accountant().compose(event(b_basic)).get_epsilon(delta_noise) > epsilon:
-        # A delta below what the PLD resolves (1e-300): the search has no bracket. Basic
-        # composition needs none: K Laplace(K/eps) mechanisms are (eps, 0)-DP.
-        b = b_basic
-    else:
-        b = dp_accounting.calibrate_dp_mechanism(
-            make_accountant, event, target_epsilon=epsilon, target_delta=delta_noise,
-            # Laplace(b_floor) exceeds epsilon (checked above); K/eps always meets it.
-            bracket_interval=mechanism_calibration.ExplicitBracketInterval(b_floor, b_basic),
-            tol=1e-4 * b_basic)
-        b = float(min(b, b_basic))
-    tau = 1.0 + b * math.log(k / (2.0 * delta_threshold))
-    return HistogramPrivacy(epsilon, delta, k, accounting, b, tau, 1.0 / b,
-                            delta_threshold / k, delta_noise, delta_threshold)
-
-
-def check_conditions(privacy: HistogramPrivacy, num_examples: int) -> None:
-    """Checks 0 < eps' < ln n and 0 < delta' < 1/n for n = ``num_examples``.
-
-    Raises:
-      VocabError: naming the violated condition and the values.
-    """
-    n = num_examples
-    if n < 2:
-        raise VocabError(f"need at least 2 examples for a DP vocabulary, got {n}")
-    # The example-level rule, checked and worded exactly as training checks its delta.
-    from dpbert.dp import accounting  # noqa: PLC0415 - lazy: workers never need it
-    try:
-        accounting.validate_delta(privacy.delta, n)
-    except ValueError as e:
-        raise VocabError(f"vocabulary {e}") from None
-    eps_w, delta_w = privacy.epsilon_per_word, privacy.delta_per_word
-    if not 0 < eps_w < math.log(n):
-        raise VocabError(
-            f"per-word epsilon {eps_w:.4g} must be in (0, ln n = {math.log(n):.4g}) for "
-            f"n={n} examples (epsilon={privacy.epsilon}, K={privacy.max_words_per_example},"
-            f" accounting={privacy.accounting}); lower --epsilon or raise "
-            f"--max_words_per_example")
-    if not 0 < delta_w < 1.0 / n:
-        raise VocabError(
-            f"per-word delta {delta_w:.4g} must be in (0, 1/n = {1.0 / n:.4g}) for "
-            f"n={n} examples (delta={privacy.delta}, K={privacy.max_words_per_example}); "
-            f"lower --delta")
 
 
 # --------------------------------------------------------------------------- words
-
-
-class WordSplitter:
-    """Text -> words, exactly as a BERT tokenizer splits before WordPiece.
-
-    Uses ``tokenizers``' ``BertNormalizer`` (clean text, CJK spacing, lowercase and
-    accent stripping when ``do_lower_case``) and ``BertPreTokenizer`` (whitespace and
-    punctuation), the same components ``BertTokenizerFast`` uses.
-    """
-
-    def __init__(self, do_lower_case: bool = True):
-        self.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=None,
-            lowercase=do_lower_case)
-        self.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-
-    def __call__(self, text: str) -> list[str]:
-        """Returns the words of ``text`` in order (with repeats)."""
-        # One call per example: the pre-tokenizer splits on newlines like on spaces.
-        return [w for w, _ in self.pre_tokenizer.pre_tokenize_str(
-            self.normalizer.normalize_str(text))]
 
 
 def bound_example(words: Iterable[str], max_words: int,
@@ -489,168 +281,6 @@ def word_histogram(examples: Iterable[str], max_words_per_example: int | None,
     finally:
         bar.close()
     return dict(total), num_examples
-
-
-# --------------------------------------------------------------------------- noise
-
-
-def noisy_threshold(histogram: Mapping[str, int], noise_scale: float, threshold: float,
-                    rng: np.random.Generator) -> dict[str, float]:
-    """Adds Laplace(noise_scale) to every nonzero count and drops noisy counts < threshold.
-
-    Words are processed in sorted order so that a seeded ``rng`` gives the same output
-    whatever the histogram's insertion order.
-
-    Args:
-      histogram: word -> bounded count (int >= 0).
-      noise_scale: b.
-      threshold: tau.
-      rng: the noise Generator.
-
-    Returns:
-      word -> noisy count (float64 >= threshold) for the survivors.
-    """
-    words = sorted(w for w, c in histogram.items() if c > 0)
-    counts = np.fromiter((histogram[w] for w in words), dtype=np.float64, count=len(words))
-    noisy = counts + rng.laplace(loc=0.0, scale=noise_scale, size=len(words))
-    keep = np.flatnonzero(noisy >= threshold)
-    return {words[i]: float(noisy[i]) for i in keep}
-
-
-# --------------------------------------------------------------------------- WordPiece
-
-
-@functools.lru_cache(maxsize=4)
-def public_alphabet(do_lower_case: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The public character set, normalised as the tokenizer will normalise text.
-
-    Built from fixed Unicode blocks (``_PUBLIC_RANGES``), never from data.  Each
-    character is passed through the BERT normaliser (so uncased ``É`` becomes ``e``) and
-    every resulting character is kept.  A continuation ``##c`` is added for characters
-    that can occur inside a word (the BERT pre-tokenizer does not split them off);
-    punctuation is always a word of its own and needs no ``##`` form.
-
-    Returns:
-      (word-initial characters, ``##`` continuations), each sorted by code point.
-    """
-    splitter = WordSplitter(do_lower_case)
-    chars: set[str] = set()
-    for lo, hi in _PUBLIC_RANGES:
-        for cp in range(lo, hi + 1):
-            if unicodedata.category(chr(cp)) == "Cn":
-                continue  # unassigned code point
-            for ch in splitter.normalizer.normalize_str(chr(cp)):
-                if not ch.isspace():
-                    chars.add(ch)
-    initial = tuple(sorted(chars))
-    inside = tuple(_CONTINUATION + ch for ch in initial
-                   if len(splitter.pre_tokenizer.pre_tokenize_str(f"a{ch}a")) == 1)
-    return initial, inside
-
-
-def special_tokens(num_unused: int = DEFAULT_NUM_UNUSED) -> list[str]:
-    """``[PAD]``, ``[unused0..num_unused-1]``, ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``."""
-    return (["[PAD]"] + [f"[unused{i}]" for i in range(num_unused)]
-            + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-
-
-def min_vocab_size(do_lower_case: bool = True,
-                   num_unused: int = DEFAULT_NUM_UNUSED) -> int:
-    """Specials + the public alphabet: the smallest vocabulary this builder writes."""
-    initial, inside = public_alphabet(do_lower_case)
-    return len(special_tokens(num_unused)) + len(initial) + len(inside)
-
-
-def _training_items(word_counts: Mapping[str, float], max_words: int,
-                    batch_words: int = 1_000_000) -> Iterator[str]:
-    """Strings that hold each word as many times as its (rounded, scaled) count.
-
-    ``tokenizers`` trainers take text, not counts; repeating a word c times gives the
-    trainer exactly the count c.  If the total exceeds ``max_words`` all counts are
-    scaled by the same factor (keeping at least 1): merge ranks depend on relative
-    frequencies, and this bounds the trainer's work.
-    """
-    rounded = {w: max(1, int(round(c))) for w, c in word_counts.items()}
-    total = sum(rounded.values())
-    scale = min(1.0, max_words / total) if total else 1.0
-    batch: list[str] = []
-    size = 0
-    for word in sorted(rounded):
-        reps = max(1, int(round(rounded[word] * scale)))
-        batch.append(" ".join([word] * reps))
-        size += reps
-        if size >= batch_words:
-            yield " ".join(batch)
-            batch, size = [], 0
-    if batch:
-        yield " ".join(batch)
-
-
-def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
-                    do_lower_case: bool = True, num_unused: int = DEFAULT_NUM_UNUSED,
-                    max_training_words: int = MAX_TRAINING_WORDS) -> tuple[list[str], int]:
-    """Learns a BERT WordPiece vocabulary from (word, count) pairs.
-
-    Learner: ``tokenizers``' ``WordPieceTrainer`` (frequency-ranked merges with ``##``
-    continuations, the learner HF uses for BERT vocabularies), fed through
-    ``train_from_iterator`` with each word repeated by its count and a whitespace-only
-    pre-tokenizer (the words are already normalised and pre-tokenised).  sentencepiece
-    trains from counts directly but its pieces would need converting to ``##`` form;
-    the HF trainer emits it natively and matches ``BertTokenizerFast``.
-
-    Reproducibility: the trainer breaks ties between equally frequent pairs in an
-    order that depends on Rust's randomised hash maps, so two runs on the same counts
-    can differ in a few tied merges (the noisy counts themselves are bit-identical for
-    a given seed; ``word_counts.tsv`` keeps them).
-
-    Layout of the result (``vocab_size`` lines): :func:`special_tokens`, the public
-    alphabet (initial characters, then ``##`` characters), then learned tokens in the
-    trainer's order (its alphabet, then merges, most frequent first), then
-    ``[unused{num_unused}]``, ... padding if fewer tokens were learned than fit.
-
-    Args:
-      word_counts: word -> count (noisy counts for DP; they are rounded).
-      vocab_size: total number of lines.
-      do_lower_case: must match how the words were normalised.
-      num_unused: ``[unusedN]`` slots between ``[PAD]`` and ``[UNK]``.
-      max_training_words: cap on the total count fed to the trainer.
-
-    Returns:
-      (tokens, number of learned tokens beyond specials + public alphabet).
-
-    Raises:
-      VocabError: ``vocab_size`` below :func:`min_vocab_size`.
-    """
-    floor = min_vocab_size(do_lower_case, num_unused)
-    if vocab_size < floor:
-        raise VocabError(f"vocab_size={vocab_size} is below the {floor} tokens of the "
-                         f"special tokens ({num_unused} unused) and the public alphabet")
-    initial, inside = public_alphabet(do_lower_case)
-    tokens = special_tokens(num_unused) + list(initial) + list(inside)
-    seen = set(tokens)
-    fixed = len(tokens)
-    if word_counts:
-        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, min_frequency=0, special_tokens=[],
-            initial_alphabet=list(initial), continuing_subword_prefix=_CONTINUATION,
-            show_progress=False)
-        tokenizer.train_from_iterator(_training_items(word_counts, max_training_words),
-                                      trainer=trainer)
-        learned = tokenizer.get_vocab()
-        for token in sorted(learned, key=learned.get):
-            if len(tokens) >= vocab_size:
-                break
-            if token not in seen:
-                tokens.append(token)
-                seen.add(token)
-    num_learned = len(tokens) - fixed
-    extra = num_unused
-    while len(tokens) < vocab_size:
-        tokens.append(f"[unused{extra}]")
-        extra += 1
-    return tokens, num_learned
 
 
 # --------------------------------------------------------------------------- build

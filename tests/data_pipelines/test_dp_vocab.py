@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from data_pipelines import corpora, dp_vocab
+from data_pipelines import corpora, dp_vocab, wordpiece
 
 SECRET = "zqxvorbleth"      # planted in a few examples: must never reach vocab.txt
 PLANTED = "kromblewide"     # planted in many examples: must reach vocab.txt
@@ -252,11 +252,11 @@ def test_public_alphabet():
 
 def test_training_items_reproduce_counts():
     counts = {"alpha": 3.4, "beta": 1.2, "gamma": 10.6}
-    items = list(dp_vocab._training_items(counts, max_words=10**6, batch_words=5))
+    items = list(wordpiece._training_items(counts, max_words=10**6, batch_words=5))
     got = collections.Counter(w for item in items for w in item.split())
     assert got == {"alpha": 3, "beta": 1, "gamma": 11}
     scaled = collections.Counter(
-        w for item in dp_vocab._training_items({"a": 1000, "b": 10, "c": 1}, 101)
+        w for item in wordpiece._training_items({"a": 1000, "b": 10, "c": 1}, 101)
         for w in item.split())
     # Scaled by 101/1011, at least 1 each.
     assert scaled == {"a": 100, "b": 1, "c": 1}
