@@ -53,7 +53,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from data_pipelines import synthetic_notes, tokenization
+from data_pipelines import synthetic_notes, synthetic_tables, tokenization
 from data_pipelines.classification import DataError, describe_label
 from dpbert import ner_metrics
 
@@ -114,7 +114,7 @@ class _NoteBuilder:
         return self.rng.choice(self.tables[self._condition()][kind])
 
     def _drug(self) -> tuple[str, list[str]]:
-        meds = synthetic_notes._CONDITIONS[self._condition()]["meds"]
+        meds = synthetic_tables.CONDITIONS[self._condition()]["meds"]
         name, doses, routes, freqs = self.rng.choice(meds)
         tail = f"{self.rng.choice(doses)} {self.rng.choice(routes)} {self.rng.choice(freqs)}"
         return name, _split_words(tail)
@@ -193,7 +193,7 @@ def _note_sentences(seed: int, index: int, tables: dict) -> list[Sentence]:
     b = _NoteBuilder(rng, p, tables)
     his = "His" if p.sex == "M" else "Her"
     out = [b.fill("Admission Date : {n} / {n} / 2150"),
-           b.fill("Service : " + rng.choice(synthetic_notes._SERVICES)),
+           b.fill("Service : " + rng.choice(synthetic_tables.SERVICES)),
            b.fill("History of Present Illness :")]
     out += [b.fill(_weighted(rng, _HISTORY)) for _ in range(rng.randint(5, 9))]
     out.append(b.fill("Past Medical History :"))
