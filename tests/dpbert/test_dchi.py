@@ -391,7 +391,7 @@ def test_load_embedding_table_errors(tmp_path, clustered_table):
         dchi.load_embedding_table(folder)
     folder = tmp_path / "noweights"
     folder.mkdir()
-    (folder / "vocab.txt").write_text("a\n")
+    (folder / "vocab.txt").write_text("\n".join(toy_vocab(20)) + "\n")  # a valid vocab, no weights
     with pytest.raises(FileNotFoundError, match="no weights found"):
         dchi.load_embedding_table(folder)
 
