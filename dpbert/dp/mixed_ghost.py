@@ -239,6 +239,12 @@ class MixedGhostClipper:
                 jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(
                     direct_leaves, x, probe, probes))
             g_direct = [g.astype(jnp.float32) for g in g_direct]
+            # The norm and the sum must see the same numbers.  Without the barrier XLA may
+            # compute the norm from an unrounded float32 value where the sum reads the stored
+            # bfloat16 one (it folds convert(convert(x, bf16), f32) into x), and the norm
+            # would no longer bound what the example adds.
+            g_direct, xbar, d, feats, inputs, g_dense = jax.lax.optimization_barrier(
+                (g_direct, xbar, d, feats, inputs, g_dense))
             sq = sum((jnp.sum(jnp.square(g)) for g in g_direct), jnp.zeros((), jnp.float32))
             if plan.table is not None:
                 sq += ghost.embedding_sq_norm(ids, xbar, d, feats)
