@@ -62,8 +62,9 @@ _EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never r
 CONFIG_FILE = "config.json"
 RUN_FILE = "run.json"  # what an export needs: model architecture, vocab, tokenizer flags
 REPORT_FILE = "privacy_report.json"
-# dp.clipping values: the tied-embedding ghost clipper (default) or the vmap reference.
-CLIPPERS = ("ghost_embedding", "vmap")
+# dp.clipping values: ghost norms for dense layers and embeddings (dpbert.dp.mixed_ghost),
+# for the tied embedding only (dpbert.dp.ghost), or the vmap reference.
+CLIPPERS = ("mixed_ghost", "ghost_embedding", "vmap")
 
 
 class ConfigError(ValueError):
@@ -555,9 +556,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
     opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
     optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)
     b = config.batch
-    ghost = config.dp.enabled and config.dp.clipping == "ghost_embedding"
-    # The factored loss is the same function, plus the view of the tied word embedding that the
-    # ghost clipper needs.
+    ghost = config.dp.enabled and config.dp.clipping in ("ghost_embedding", "mixed_ghost")
+    # The factored loss is the same function, plus the views (tied word embedding, dense taps)
+    # that the ghost clippers need.
     make_loss = losses.make_factored_pretraining_loss if ghost else losses.make_pretraining_loss
     loss_fn = make_loss(graphdef, deterministic=False, mlm_target=config.mlm_target,
                         frozen_word_embedding=frozen)
@@ -567,9 +568,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str | os.Path
             expected_batch_size=b.expected_batch_size, microbatch_size=b.microbatch_size,
             accumulation_steps=plan.calls_per_batch, noise_mode=config.dp.noise_mode,
             num_shards=plan.num_shards)
-        clipper = (dp_lib.TiedEmbeddingClipper(dp_config.clip_norm, dp_config.microbatch_size,
-                                               dp_config.num_shards, trainable)
-                   if ghost else None)  # None: DPAggregator's default VmapClipper
+        clipper_cls = {"mixed_ghost": dp_lib.MixedGhostClipper,
+                       "ghost_embedding": dp_lib.TiedEmbeddingClipper}.get(config.dp.clipping)
+        clipper = (clipper_cls(dp_config.clip_norm, dp_config.microbatch_size,
+                               dp_config.num_shards, trainable)
+                   if clipper_cls else None)  # None: DPAggregator's default VmapClipper
         updater = dp_lib.DPAggregator(dp_config, loss_fn, optimizer, trainable=trainable,
                                       clipper=clipper,
                                       noise_draw_sharding=sharding.spread_over_devices(mesh))

@@ -4,7 +4,7 @@ Host side (NumPy, no JAX): `sampling` (Poisson / shuffle samplers producing
 fixed-size padded physical batches) and `accounting` (dp_accounting events,
 epsilon, calibration, budget, privacy report).  Device side (JAX, inside one
 jitted step): `clipping` (per-example clipped gradient sums; `ghost` for the tied word
-embedding), `noise`, and
+embedding, `mixed_ghost` for dense layers and embeddings too), `noise`, and
 `accumulation` (`DPAggregator`, the composition the training loop calls).
 
 Names are imported lazily so that host-only users (launch/privacy.py) do not
@@ -22,6 +22,7 @@ _EXPORTS = {
     "accumulation": ("DPAggregator", "DPConfig", "DPState"),
     "clipping": ("GradientClipper", "LossFn", "VmapClipper"),
     "ghost": ("FactoredLoss", "TiedEmbeddingClipper"),
+    "mixed_ghost": ("MixedGhostClipper", "TappedLoss"),
     "noise": ("add_noise", "noise_stddev"),
     "sampling": ("PoissonSampler", "ShuffleSampler", "capacity_for_overflow_probability",
                  "make_sampler"),
