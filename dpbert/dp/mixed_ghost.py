@@ -206,8 +206,9 @@ class MixedGhostClipper:
           xbar: float32 [k, S, H] clipped input-vector gradients, or None (unused).
           d, f: float32 [k, P, V] clipped logit gradients and [k, P, H] decoder inputs
             (None when E gets no gradient).
-          a, g: layer -> [k, ..., I] inputs (compute dtype) and float32 [k, ..., O]
-            clipped output gradients of the Gram-form layers.
+          a, g: layer -> [k, ..., I] inputs and [k, ..., O] output gradients (unclipped)
+            of the Gram-form layers, both in the layer's compute dtype.
+          scale: float32 [k] clip factors s_i (0 where dropped).
           norm: float32 [k] unclipped norms over all trainable parameters.
           metrics: dict of float32 [k]; nonfinite: bool [k] real examples dropped.
         """
@@ -239,6 +240,8 @@ class MixedGhostClipper:
                 jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(
                     direct_leaves, x, probe, probes))
             g_direct = [g.astype(jnp.float32) for g in g_direct]
+            # a and g are kept in the layer's compute dtype (half the memory in bfloat16).
+            g_dense = {n: g.astype(inputs[n].dtype) for n, g in g_dense.items()}
             # The norm and the sum must see the same numbers.  Without the barrier XLA may
             # compute the norm from an unrounded float32 value where the sum reads the stored
             # bfloat16 one (it folds convert(convert(x, bf16), f32) into x), and the norm
@@ -269,8 +272,10 @@ class MixedGhostClipper:
                 "xbar": clip(xbar) if need_xbar else None,
                 "d": clip(d) if plan.table is not None else None,
                 "f": keep_if(feats) if plan.table is not None else None,
+                # Unscaled (s_i is applied in float32 in the sum).
                 "a": {n: keep_if(inputs[n]) for n in plan.gram},
-                "g": {n: clip(g_dense[n]) for n in plan.gram},
+                "g": {n: keep_if(g_dense[n]) for n in plan.gram},
+                "scale": jnp.where(use, scale, 0.0),
                 "norm": norm,
                 "metrics": {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0)
                             for k, v in metrics.items()},
@@ -312,9 +317,11 @@ class MixedGhostClipper:
             sums["dense"] = {}
             for name, (_, tokens, fan_in, fan_out) in plan.gram.items():
                 a = out["a"][name].reshape(s, per_shard * tokens, fan_in)
-                g = out["g"][name].reshape(s, per_shard * tokens, fan_out)
-                sums["dense"][name] = jnp.einsum("sti,sto->sio", a.astype(jnp.float32), g,
-                                                 precision=_HIGHEST)
+                g = (out["g"][name].reshape(s, per_shard, tokens, fan_out).astype(jnp.float32)
+                     * out["scale"].reshape(s, per_shard, 1, 1))
+                sums["dense"][name] = jnp.einsum(
+                    "sti,sto->sio", a.astype(jnp.float32),
+                    g.reshape(s, per_shard * tokens, fan_out), precision=_HIGHEST)
             return sums
 
         total = clipping.scan_microbatches(chunk_sums, batch, mask, first_position,

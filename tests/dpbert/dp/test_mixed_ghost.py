@@ -57,6 +57,7 @@ def test_per_example_norms_equal_brute_force(tiny):
     np.testing.assert_allclose(np.asarray(out["norm"])[mask], ref_norms, rtol=1e-5)
     assert not np.any(np.asarray(out["nonfinite"]))
     # Padding slots: everything zero.
+    assert not np.any(np.asarray(out["scale"])[~mask])
     for name in plan.gram:
         assert not np.any(np.asarray(out["g"][name])[~mask])
         assert not np.any(np.asarray(out["a"][name], np.float32)[~mask])
