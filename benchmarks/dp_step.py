@@ -60,7 +60,8 @@ _WRITE = flags.DEFINE_bool("write", False, "Replace the DP-SGD step section of B
 
 def _setup_platform() -> None:
     # Must run before JAX is imported.
-    if "--platform=gpu" not in sys.argv:
+    if ("--platform=gpu" not in sys.argv
+            and "device_count" not in os.environ.get("XLA_FLAGS", "")):  # torch_step.py: 1
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=8").strip()
         os.environ["JAX_PLATFORMS"] = "cpu"
