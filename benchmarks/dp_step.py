@@ -162,23 +162,48 @@ class Bench:
         self.devices = self.mesh.devices.size
         config = model_lib.BertConfig.preset(preset, _VOCAB.value, dtype=_DTYPE.value,
                                              max_position_embeddings=max(512, _SEQ.value))
-        graphdef, params = nnx.split(model_lib.create_model(config))
+        # Compile-only runs never allocate the model (BERT-large's parameters and optimizer
+        # state, once per compiled step, would not fit in a CPU host's memory).
+        self.abstract = _COMPILE_ONLY.value
+        make = lambda: model_lib.create_model(config)  # noqa: E731
+        graphdef, params = nnx.split(nnx.eval_shape(make) if self.abstract else make())
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.loss_fn = losses.make_pretraining_loss(graphdef)
         self.factored_loss = losses.make_factored_pretraining_loss(graphdef)
         self.optimizer = optax.adamw(1e-4, weight_decay=0.01)
         rep = sharding.replicated(self.mesh)
         self.p_sh = sharding.param_shardings(params, self.mesh)
-        self.params = jax.device_put(params, self.p_sh)
-        opt_state = self.optimizer.init(params)
-        self.o_sh = jax.tree.map(lambda _: rep, opt_state)
-        self.opt_state = jax.device_put(opt_state, self.o_sh)
+        if self.abstract:
+            self.params = jax.tree.map(
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                nnx.to_pure_dict(params), nnx.to_pure_dict(self.p_sh))
+            self.p_sh = nnx.to_pure_dict(self.p_sh)
+            opt_state = jax.eval_shape(self.optimizer.init, self.params)
+            self.o_sh = jax.tree.map(lambda _: rep, opt_state)
+            self.opt_state = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), opt_state)
+        else:
+            self.params = jax.device_put(params, self.p_sh)
+            opt_state = self.optimizer.init(params)
+            self.o_sh = jax.tree.map(lambda _: rep, opt_state)
+            self.opt_state = jax.device_put(opt_state, self.o_sh)
         b = _BATCH.value
         batch = synthetic_batch(b, _SEQ.value, _PREDS.value, _VOCAB.value)
         self.batch = {k: jax.device_put(v, sharding.batch_sharding(self.mesh, v.ndim))
                       for k, v in batch.items()}
         self.mask = jax.device_put(np.ones(b, bool), sharding.batch_sharding(self.mesh))
         self.rep = rep
+
+    def fresh(self, tree):
+        """A copy (each step donates its own params/opt_state); abstract trees as they are."""
+        return tree if self.abstract else _fresh(tree)
+
+    def dp_state(self, agg):
+        sharding_ = agg.state_sharding(self.p_sh, self.rep)
+        if self.abstract:
+            return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                                jax.eval_shape(lambda p: agg.init(p, 0), self.params), sharding_)
+        return jax.device_put(agg.init(self.params, 0), sharding_)
 
     def abstract_batch(self, batch_size: int):
         """ShapeDtypeStructs of a sharded batch of `batch_size` (for compile-only runs)."""
@@ -204,13 +229,13 @@ class Bench:
                 noise_multiplier: float = 1.0):
         """(jitted DP step, its arguments); abstract batch if `batch_size` is given."""
         agg = self.aggregator(clipper, microbatch_size, noise_multiplier)
-        state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
+        state = self.dp_state(agg)
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
                                     agg.state_sharding(self.p_sh, self.rep), self.rep))
         batch, mask = ((self.batch, self.mask) if batch_size is None
                        else self.abstract_batch(batch_size))
-        args = (state, _fresh(self.params), _fresh(self.opt_state), batch, mask)
+        args = (state, self.fresh(self.params), self.fresh(self.opt_state), batch, mask)
         return fn, args
 
     def noise_only(self, generator: str = "dpbert"):
@@ -238,7 +263,8 @@ class Bench:
         fn = jax.jit(non_private_update(self.loss_fn, self.optimizer, microbatch_size),
                      donate_argnums=(0, 1), out_shardings=(self.p_sh, self.o_sh))
         batch = self.batch if batch_size is None else self.abstract_batch(batch_size)[0]
-        args = (_fresh(self.params), _fresh(self.opt_state), batch, jax.random.PRNGKey(0))
+        args = (self.fresh(self.params), self.fresh(self.opt_state), batch,
+                jax.random.PRNGKey(0))
         return fn, args
 
     @staticmethod
@@ -255,6 +281,14 @@ def _fresh(tree):
 
 def temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
+
+
+def total_bytes(compiled) -> int:
+    """Everything the step holds on a device: arguments + outputs - donated (aliased) + temp.
+    (Donating the parameters and optimizer state moves some of their copies into temp.)"""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes)
 
 
 def cost(compiled, key: str) -> float:
@@ -373,6 +407,7 @@ def bench_model(preset: str, devices: int) -> dict:
                                   cap, (b, temp_bytes(compiled["plain"])))
                if _SEARCH.value else (None, None, 0))
     plain = {"temp_mib": temp_bytes(compiled["plain"]) / MIB,
+             "total_mib": total_bytes(compiled["plain"]) / MIB,
              "flops": cost(compiled["plain"], "flops"),
              "bytes_accessed": cost(compiled["plain"], "bytes accessed"),
              "compile_s": compile_s["plain"], "max_microbatch": plain_m[0],
@@ -390,6 +425,7 @@ def bench_model(preset: str, devices: int) -> dict:
         entry = {
             "time_ratio": ratio(name), "time_ratio_range": spread(name),
             "temp_memory_ratio": temp_bytes(compiled[name]) / temp_bytes(compiled["plain"]),
+            "total_memory_ratio": total_bytes(compiled[name]) / total_bytes(compiled["plain"]),
             "flops_ratio": cost(compiled[name], "flops") / plain["flops"],
             "bytes_accessed_ratio": (cost(compiled[name], "bytes accessed")
                                      / plain["bytes_accessed"]),
@@ -446,12 +482,14 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
              "dropout on, AdamW; DP: C=1, sigma=1, whole batch in one microbatch. "
              + (f"Times: median of {_ROUNDS.value} interleaved rounds (ratio per round; the "
                 "range is the rounds' min-max). " if timed else "Compile only (no timings). ")
-             + "Ratios are DP step / non-private step; temp memory is per device, FLOPs and "
-             f"bytes from XLA's cost analysis. Default clipper: `{DEFAULT_CLIPPER}`.", ""]
+             + "Ratios are DP step / non-private step (both donate parameters and optimizer "
+             "state); temp memory is per device, total memory = arguments + outputs - donated + "
+             "temp; FLOPs and bytes from XLA's cost analysis. Default clipper: "
+             f"`{DEFAULT_CLIPPER}`.", ""]
     lines += ["| model | devices | clipper | DP s | non-DP s | time ratio (range) | temp MiB "
-              "DP / non-DP | temp ratio | FLOPs ratio | bytes ratio | max microbatch DP / "
-              "non-DP | microbatch ratio |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "DP / non-DP | temp ratio | total memory ratio | FLOPs ratio | bytes ratio | max "
+              "microbatch DP / non-DP | microbatch ratio |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = r["plain"]
         for c, e in r["clippers"].items():
@@ -462,6 +500,7 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
                 f"| {r['model']} | {r['devices']} | {c} | "
                 f"{e.get('s', float('nan')):.2f} | {p.get('s', float('nan')):.2f} | {t} | "
                 f"{e['temp_mib']:.0f} / {p['temp_mib']:.0f} | {_x(e['temp_memory_ratio'])} | "
+                f"{_x(e['total_memory_ratio'])} | "
                 f"{_x(e['flops_ratio'])} | {_x(e['bytes_accessed_ratio'])} | "
                 f"{e['max_microbatch']} / {p['max_microbatch']} | "
                 f"{_x(e['max_microbatch_ratio'])} |")

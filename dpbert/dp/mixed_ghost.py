@@ -57,7 +57,7 @@ from dpbert.dp import trees
 PyTree = Any
 Batch = clipping.Batch
 _HIGHEST = jax.lax.Precision.HIGHEST
-DENSE_NORMS = ("auto", "gram", "direct")
+DENSE_NORMS = ("auto", "flops", "bu", "gram", "direct")
 
 
 @runtime_checkable
@@ -86,12 +86,23 @@ def gram_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
 
 
 def use_gram(tokens: int, fan_in: int, fan_out: int, rule: str = "auto") -> bool:
-    """Whether a dense layer's per-example norm is taken in the Gram form (see module doc)."""
+    """Whether a dense layer's per-example norm is taken in the Gram form (see module doc).
+
+    rule: "flops" -- Gram when T (I + O) < I O, i.e. when forming the two [T, T] Gram
+    matrices (T^2 (I + O) multiply-adds per example) is cheaper than the per-example gradient
+    (T I O); "bu" -- Bu et al. (2023)'s rule 2 T^2 < I O (their space comparison: two [T, T]
+    matrices against one [I, O]); "auto" -- the rule chosen by measurement (currently
+    "flops"); "gram" / "direct" -- always / never.
+    """
+    if rule not in DENSE_NORMS:
+        raise ValueError(f"dense_norm={rule!r} must be one of {DENSE_NORMS}")
     if rule == "gram":
         return True
     if rule == "direct":
         return False
-    return 2 * tokens * tokens < fan_in * fan_out
+    if rule == "bu":
+        return 2 * tokens * tokens < fan_in * fan_out
+    return tokens * (fan_in + fan_out) < fan_in * fan_out
 
 
 @dataclasses.dataclass(frozen=True)
