@@ -158,10 +158,11 @@ def test_spreading_the_draw_over_devices_leaves_the_noise_bitwise_unchanged():
 def test_fast_threefry_normal_is_jax_random_normal_bitwise(shape):
     """The unrolled generator draws exactly jax.random.normal's values (raw and typed keys),
     so the KS tests above are about the same numbers jax.random would give."""
+    fast_fn = jax.jit(lambda k: noise.threefry_normal(k, shape))
+    ref_fn = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32))
     for key in (jax.random.PRNGKey(5), jax.random.key(123), jax.random.fold_in(
             jax.random.PRNGKey(0), 2 ** 31 + 7)):
-        fast = jax.jit(lambda k: noise.threefry_normal(k, shape))(key)
-        ref = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32))(key)
+        fast, ref = fast_fn(key), ref_fn(key)
         assert fast.dtype == jnp.float32 and fast.shape == shape
         np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
 
