@@ -12,8 +12,9 @@ backward pass per microbatch, without the per-example gradients of:
 
   computed either way per layer: the Gram form costs ~T^2 (I + O) per example, the direct
   form (an ordinary per-example gradient from vmap) T I O and an [I, O] array per example;
-  `dense_norm="auto"` takes the Gram form when 2 T^2 < I O (Bu et al. 2023's rule; see
-  BENCHMARKS.md, "Mixed ghost clipping", for how it compares with measurement here);
+  `dense_norm="auto"` takes the Gram form when T (I + O) < I O (fewer multiply-adds; Bu et
+  al. 2023's rule 2 T^2 < I O is `dense_norm="bu"`; BENCHMARKS.md, "Ghost norms for dense
+  layers", has the per-shape measurement);
 * the tied word embedding E [V, H]: ghost norm and clipped sum of `dpbert.dp.ghost`
   (input-vector gradients xbar [S, H], logit gradients d [P, V], decoder inputs f [P, H]);
 * the position table P [512, H]: the model adds P[:S] to the input vectors, so its
@@ -127,8 +128,9 @@ class MixedGhostClipper:
     Same attributes and layout rules as `dpbert.dp.clipping.VmapClipper`, plus:
 
     Attributes:
-      dense_norm: "auto" (Gram form when 2 T^2 < I O, per layer), "gram" (every dense
-        kernel), or "direct" (no dense kernel: per-example gradients by vmap).
+      dense_norm: per layer, `use_gram`'s rule: "auto" (= "flops": Gram form when
+        T (I + O) < I O), "bu" (when 2 T^2 < I O), "gram" (every dense kernel), or "direct"
+        (no dense kernel: per-example gradients by vmap).
 
     The loss must be a `TappedLoss` (`dpbert.losses.make_factored_pretraining_loss`).
     """
@@ -157,6 +159,12 @@ class MixedGhostClipper:
     def plan(self, loss_fn: TappedLoss, params: PyTree, example: Batch) -> _Plan:
         """How each parameter is handled, for one (unbatched) example's shapes."""
         if not isinstance(loss_fn, TappedLoss):
+            if isinstance(loss_fn, ghost.FactoredLoss):  # e.g. dpbert.dp.units' unit loss
+                raise TypeError(
+                    f"MixedGhostClipper needs the dense-layer taps of one example's loss; "
+                    f"{type(loss_fn).__name__} has only the factored view (a per-unit loss, "
+                    "dp.privacy_unit note / patient, has no taps: the position-table identity "
+                    "assumes one sequence). Use dp.clipping='ghost_embedding' or 'vmap'.")
             raise TypeError(
                 f"MixedGhostClipper needs a loss with the factored and tapped views "
                 f"(dpbert.losses.make_factored_pretraining_loss); got "

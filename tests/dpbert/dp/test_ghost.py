@@ -110,15 +110,18 @@ def _freeze_position_and_query_kernel(path, leaf):
     return not ("position_embeddings" in path or path[-2:] == ("query", "kernel"))
 
 
+_SLOW = pytest.mark.slow  # ~30 s each on the shared 2-core machine (three compiles)
+
+
 @pytest.mark.parametrize("target,token_rep,frozen_loss,trainable,dense_norm", [
-    ("prob", False, False, None, "auto"),
-    # token_rep: E reaches the loss through the decoder only; dense kernels by vmap.
-    ("denoising", True, False, None, "direct"),
-    # The loss stops E's gradient (dχ pretraining); the trainable filter's way:
-    # test_frozen_table_either_way_takes_the_vmap_path.
-    ("vanilla", False, True, None, "auto"),
     # Frozen by the filter: the position table and one Gram-form kernel (its bias trains).
     ("vanilla", False, False, _freeze_position_and_query_kernel, "gram"),
+    pytest.param("prob", False, False, None, "auto", marks=_SLOW),
+    # token_rep: E reaches the loss through the decoder only; dense kernels by vmap.
+    pytest.param("denoising", True, False, None, "direct", marks=_SLOW),
+    # The loss stops E's gradient (dχ pretraining); the trainable filter's way:
+    # test_frozen_table_either_way_takes_the_vmap_path.
+    pytest.param("vanilla", False, True, None, "auto", marks=_SLOW),
 ])
 def test_every_target_input_and_frozen_table(small, target, token_rep, frozen_loss, trainable,
                                              dense_norm):

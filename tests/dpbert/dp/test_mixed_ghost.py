@@ -14,7 +14,7 @@ from flax import nnx
 
 from dpbert import losses
 from dpbert import model as model_lib
-from dpbert.dp import clipping, ghost, mixed_ghost
+from dpbert.dp import clipping, ghost, mixed_ghost, units
 from tests.dpbert.dp import helpers
 
 
@@ -31,14 +31,20 @@ def test_gram_sq_norm_equals_dense_norm():
         assert ref == pytest.approx(dense, rel=0.05)  # bf16 rounding of g only
 
 
-def test_rule_is_bu_et_al():
-    """Gram form when 2 T^2 < I O, else per-example gradients; or forced either way."""
+def test_rules():
+    """auto = flops: Gram form when T (I + O) < I O; bu: when 2 T^2 < I O; or forced."""
     assert mixed_ghost.use_gram(128, 768, 768)          # BERT-base, seq 128
     assert not mixed_ghost.use_gram(128, 128, 128)      # tiny: 32768 > 16384
     assert mixed_ghost.use_gram(1, 128, 2)              # pooled / NSP
     assert not mixed_ghost.use_gram(1024, 768, 768)     # long sequences
     assert mixed_ghost.use_gram(1024, 768, 768, "gram")
     assert not mixed_ghost.use_gram(1, 768, 768, "direct")
+    # T = 128, I = O = 256: T (I + O) = I O, so not by flops; 2 T^2 = I O / 2, so by Bu et al.
+    assert not mixed_ghost.use_gram(128, 256, 256)
+    assert mixed_ghost.use_gram(128, 256, 256, "bu")
+    assert not mixed_ghost.use_gram(128, 256, 256, "flops")
+    with pytest.raises(ValueError, match="dense_norm='x'"):
+        mixed_ghost.use_gram(1, 2, 3, "x")
 
 
 def test_per_example_norms_equal_brute_force(tiny):
@@ -63,8 +69,9 @@ def test_per_example_norms_equal_brute_force(tiny):
         assert not np.any(np.asarray(out["a"][name], np.float32)[~mask])
 
 
-@pytest.mark.parametrize("dtype,clippers", [("float32", ("mixed",)),
-                                            ("bfloat16", ("vmap", "ghost", "mixed"))])
+@pytest.mark.parametrize("dtype,clippers", [
+    ("float32", ("mixed",)),
+    pytest.param("bfloat16", ("vmap", "ghost", "mixed"), marks=pytest.mark.slow)])
 def test_each_clipper_adds_at_most_c_per_example(small, dtype, clippers):
     """Single-example batches: ||clipped_sum({i})|| <= C (1 + 1e-6), every example clipped; in
     bfloat16 compute (float32 norms and sums) for vmap, ghost and mixed (vmap and ghost in
@@ -114,6 +121,11 @@ def test_errors(small):
         mixed_ghost.MixedGhostClipper(1.0).clipped_sum(
             losses.make_pretraining_loss(graphdef), params, batch, mask, key)
     factored = losses.make_factored_pretraining_loss(graphdef)
+    units_batch = dict(jax.tree.map(lambda x: x.reshape((4, 2) + x.shape[1:]), batch),
+                       example_mask=np.ones((4, 2), bool))
+    with pytest.raises(TypeError, match="per-unit loss"):
+        mixed_ghost.MixedGhostClipper(1.0).clipped_sum(
+            units.unit_loss(factored), params, units_batch, mask[:4], key)
     with pytest.raises(ValueError, match="dense_norm='ghost' must be one of"):
         mixed_ghost.MixedGhostClipper(1.0, dense_norm="ghost")
     with pytest.raises(ValueError, match="microbatch_size=3 does not divide"):
