@@ -221,6 +221,8 @@ def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
     ({"dp.clip_norm": 0.0}, "clip_norm"),
     ({"dp.clipping": "ghost"}, r"config.dp.clipping='ghost': must be one of"),
+    ({"dp.clipping": "mixed_ghost", "dp.privacy_unit": "note"},
+     r"config.dp.clipping='mixed_ghost': mixed_ghost clips one example"),
 ])
 def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
