@@ -1,27 +1,30 @@
-r"""DP-SGD step (vmap and ghost-embedding clipping) versus the non-private step, side by side.
+r"""DP-SGD step (each clipper) versus the non-private step, side by side.
 
-    PYTHONPATH=. python benchmarks/dp_step.py [--models=tiny,mini] [--batch_size=32]
+    PYTHONPATH=. python benchmarks/dp_step.py [--models=tiny,mini] [--devices=1,8] [--json]
+    PYTHONPATH=. python benchmarks/dp_step.py --models=base,large --compile_only --json
 
-For each BERT size (vocabulary 30,522, seq 128, 20 predictions, dropout on, AdamW), on
-8 fake CPU devices (data-parallel mesh, or the real devices with --platform=gpu):
+For each BERT size (vocabulary 30,522, seq 128, 20 predictions, dropout on, AdamW) and each
+device count (fake CPU devices, a data-parallel mesh; or the real devices with --platform=gpu):
 
-* wall-clock of one jitted train step, DP (`DPAggregator.update`: per-example grads,
-  clip, sum, noise, AdamW) with each clipper -- `VmapClipper` (every per-example
-  gradient materialised by vmap) and `TiedEmbeddingClipper` (ghost norms for the tied
-  word embedding, dp.clipping="ghost_embedding") -- and non-private (mean-loss grads,
-  AdamW), same batch, same whole-batch microbatch, measured in interleaved rounds
-  (median; the ratio is robust to machine load);
-* XLA temp memory (`compiled.memory_analysis().temp_size_in_bytes`, per device) and
-  cost-analysis bytes accessed of the single-chunk steps (deterministic; comparable
-  across machines);
-* the largest microbatch (global, a multiple of the device count) whose step compiles
-  under a per-device temp-memory cap, for both DP steps and the non-private
-  (accumulating) step;
-* the time to calibrate sigma for 1,000,000 steps at the scale of Hoory et al.
-  (N = 83M, batch 131,072, delta = 1e-8, epsilon = 8), plus the epsilon of that sigma
-  on a 10x finer PLD grid.
+* wall-clock of one jitted train step: DP (`DPAggregator.update`: clipped per-example
+  gradient sum, noise, AdamW) with each clipper of `--clippers` -- `vmap` (VmapClipper: every
+  per-example gradient materialised), `ghost_embedding` (TiedEmbeddingClipper), `mixed_ghost`
+  (MixedGhostClipper) -- and non-private (mean-loss gradients, AdamW), same batch, whole batch
+  in one microbatch, measured in interleaved rounds (ratios taken per round, then the median);
+* the noise draw alone (`DPAggregator.noisy_gradient` on a zero sum, with dpbert's generator
+  and with `jax.random.normal`), and the DP step of the default clipper with sigma = 0, whose
+  difference to the DP step is what the noise really costs inside the step;
+* deterministic compiler figures of the same steps: per-device temp memory
+  (`memory_analysis().temp_size_in_bytes`), FLOPs and bytes accessed (`cost_analysis()`);
+* the largest global microbatch (devices x 2^k) whose step compiles under a per-device
+  temp-memory cap, for every DP step and the non-private (accumulating) step;
+* optionally the time to calibrate sigma at the scale of Hoory et al. (--calibration).
 
-Prints a markdown report (paste it into BENCHMARKS.md, section "DP-SGD step").
+`--compile_only` skips every timing (the deterministic figures for base and large on a CPU).
+`--json` prints one JSON object per (model, device count); the top-level `time_ratio`,
+`temp_memory_ratio`, `flops_ratio` and `max_microbatch_ratio` are the default clipper's
+(configs/common.py `dp.clipping`), `clippers[name]` has them for every clipper.  `--write`
+replaces the generated part of the "## DP-SGD step" section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -32,23 +35,33 @@ import sys
 from absl import app, flags
 
 _PLATFORM = flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu"],
-                              "cpu: 8 fake CPU devices; gpu: the real accelerator(s).")
+                              "cpu: fake CPU devices; gpu: the real accelerator(s).")
 _MODELS = flags.DEFINE_list("models", ["tiny", "mini"], "BERT presets to benchmark.")
+_DEVICES = flags.DEFINE_list("devices", ["8"], "Device counts to measure on (e.g. 1,8).")
+_CLIPPERS = flags.DEFINE_list("clippers", ["vmap", "ghost_embedding", "mixed_ghost"],
+                              "DP clippers (dp.clipping values).")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Global physical batch size.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Sequence length.")
 _PREDS = flags.DEFINE_integer("preds", 20, "Masked LM predictions per sequence.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (BERT uncased).")
-_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved timing rounds (after warm-up).")
-_CAP_MIB = flags.DEFINE_float("memory_cap_mib", 512.0,
-                              "Per-device temp-memory cap for the microbatch search.")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved timing rounds (after warm-up).")
+_CAP_MIB = flags.DEFINE_float(
+    "memory_cap_mib", None, "Per-device temp-memory cap of the microbatch search (default: "
+    "512 MiB for tiny/mini, 16 GiB for larger models).")
 _SEARCH_BATCH = flags.DEFINE_integer("search_batch", 512,
                                      "Physical batch of the compile-only microbatch search.")
-_CALIBRATION = flags.DEFINE_bool("calibration", True, "Also time sigma calibration at T=1M.")
+_SEARCH = flags.DEFINE_bool("microbatch_search", True, "Search the largest microbatch.")
+_COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "Deterministic figures only.")
+_CALIBRATION = flags.DEFINE_bool("calibration", False, "Also time sigma calibration at T=1M.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object per model and device count.")
+_WRITE = flags.DEFINE_bool("write", False, "Replace the DP-SGD step section of BENCHMARKS.md.")
 
 
 def _setup_platform() -> None:
     # Must run before JAX is imported.
-    if "--platform=gpu" not in sys.argv:
+    if ("--platform=gpu" not in sys.argv
+            and "device_count" not in os.environ.get("XLA_FLAGS", "")):  # torch_step.py: 1
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                    + " --xla_force_host_platform_device_count=8").strip()
         os.environ["JAX_PLATFORMS"] = "cpu"
@@ -56,6 +69,7 @@ def _setup_platform() -> None:
 
 _setup_platform()
 
+import json  # noqa: E402
 import platform as platform_lib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -66,11 +80,16 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
+import bench_report  # noqa: E402  (benchmarks/ is the script's folder, on sys.path)
+from configs import common as common_config  # noqa: E402
 from dpbert import losses, sharding  # noqa: E402
 from dpbert import model as model_lib  # noqa: E402
-from dpbert.dp import accounting, accumulation, calibration, ghost, trees  # noqa: E402
+from dpbert.dp import accounting, accumulation, calibration, clipping  # noqa: E402
+from dpbert.dp import mixed_ghost, noise  # noqa: E402
 
 MIB = 2 ** 20
+SECTION = "## DP-SGD step"
+DEFAULT_CLIPPER = common_config.get_config().dp.clipping
 
 
 def synthetic_batch(n: int, seq: int, preds: int, vocab: int, seed: int = 0) -> dict:
@@ -122,31 +141,68 @@ def non_private_update(loss_fn, optimizer, microbatch_size: int):
     return update
 
 
+def make_clipper(name: str, config: accumulation.DPConfig, trainable=None):
+    """(clipper, needs the factored loss) for a dp.clipping value (the clipper registry), or
+    mixed_ghost:<dense_norm> for `MixedGhostClipper`'s per-layer rule variants."""
+    args = (config.clip_norm, config.microbatch_size, config.num_shards, trainable)
+    if name.startswith("mixed_ghost:"):  # e.g. mixed_ghost:gram (dense_norm variants)
+        return mixed_ghost.MixedGhostClipper(*args, dense_norm=name.split(":")[1]), True
+    entry = clipping.get_clipper(name)
+    if not entry.private:
+        raise ValueError(f"{name!r} is not a DP clipper")
+    return entry.make(*args), entry.loss_shape == "factored"
+
+
 class Bench:
     """Builds and compiles the DP and non-private steps of one model on a mesh."""
 
-    def __init__(self, preset: str):
-        self.mesh = sharding.make_mesh(data=-1, fsdp=1)
+    def __init__(self, preset: str, devices: int):
+        self.mesh = sharding.make_mesh(data=-1, fsdp=1, devices=jax.devices()[:devices])
         self.devices = self.mesh.devices.size
-        config = model_lib.BertConfig.preset(preset, _VOCAB.value,
+        config = model_lib.BertConfig.preset(preset, _VOCAB.value, dtype=_DTYPE.value,
                                              max_position_embeddings=max(512, _SEQ.value))
-        graphdef, params = nnx.split(model_lib.create_model(config))
+        # Compile-only runs never allocate the model (BERT-large's parameters and optimizer
+        # state, once per compiled step, would not fit in a CPU host's memory).
+        self.abstract = _COMPILE_ONLY.value
+        make = lambda: model_lib.create_model(config)  # noqa: E731
+        graphdef, params = nnx.split(nnx.eval_shape(make) if self.abstract else make())
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
         self.loss_fn = losses.make_pretraining_loss(graphdef)
         self.factored_loss = losses.make_factored_pretraining_loss(graphdef)
         self.optimizer = optax.adamw(1e-4, weight_decay=0.01)
         rep = sharding.replicated(self.mesh)
         self.p_sh = sharding.param_shardings(params, self.mesh)
-        self.params = jax.device_put(params, self.p_sh)
-        opt_state = self.optimizer.init(params)
-        self.o_sh = jax.tree.map(lambda _: rep, opt_state)
-        self.opt_state = jax.device_put(opt_state, self.o_sh)
+        if self.abstract:
+            self.params = jax.tree.map(
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                nnx.to_pure_dict(params), nnx.to_pure_dict(self.p_sh))
+            self.p_sh = nnx.to_pure_dict(self.p_sh)
+            opt_state = jax.eval_shape(self.optimizer.init, self.params)
+            self.o_sh = jax.tree.map(lambda _: rep, opt_state)
+            self.opt_state = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), opt_state)
+        else:
+            self.params = jax.device_put(params, self.p_sh)
+            opt_state = self.optimizer.init(params)
+            self.o_sh = jax.tree.map(lambda _: rep, opt_state)
+            self.opt_state = jax.device_put(opt_state, self.o_sh)
         b = _BATCH.value
         batch = synthetic_batch(b, _SEQ.value, _PREDS.value, _VOCAB.value)
         self.batch = {k: jax.device_put(v, sharding.batch_sharding(self.mesh, v.ndim))
                       for k, v in batch.items()}
         self.mask = jax.device_put(np.ones(b, bool), sharding.batch_sharding(self.mesh))
         self.rep = rep
+
+    def fresh(self, tree):
+        """A copy (each step donates its own params/opt_state); abstract trees as they are."""
+        return tree if self.abstract else _fresh(tree)
+
+    def dp_state(self, agg):
+        sharding_ = agg.state_sharding(self.p_sh, self.rep)
+        if self.abstract:
+            return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                                jax.eval_shape(lambda p: agg.init(p, 0), self.params), sharding_)
+        return jax.device_put(agg.init(self.params, 0), sharding_)
 
     def abstract_batch(self, batch_size: int):
         """ShapeDtypeStructs of a sharded batch of `batch_size` (for compile-only runs)."""
@@ -156,54 +212,58 @@ class Bench:
                                         sharding=sharding.batch_sharding(self.mesh, x.ndim))
         return jax.tree.map(sds, self.batch), sds(self.mask)
 
-    def dp_step(self, microbatch_size: int, batch_size: int | None = None, trainable=None,
-                clipper: str = "vmap"):
-        """(jitted DP step, its arguments); abstract batch if `batch_size` is given.
-
-        clipper: "vmap" (`VmapClipper`) or "ghost" (`TiedEmbeddingClipper`).
-        """
-        config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
+    def aggregator(self, clipper: str, microbatch_size: int | None = None,
+                   noise_multiplier: float = 1.0, trainable=None):
+        config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=noise_multiplier,
                                        expected_batch_size=float(_BATCH.value),
-                                       microbatch_size=microbatch_size,
-                                       num_shards=self.devices)
+                                       microbatch_size=microbatch_size, num_shards=self.devices)
+        clip, factored = make_clipper(clipper, config, trainable)
         # As the trainer does: every device draws its part of the noise.
-        spread = sharding.spread_over_devices(self.mesh)
-        if clipper == "ghost":
-            agg = accumulation.DPAggregator(
-                config, self.factored_loss, self.optimizer, trainable=trainable,
-                clipper=ghost.TiedEmbeddingClipper(config.clip_norm, microbatch_size,
-                                                   self.devices, trainable),
-                noise_draw_sharding=spread)
-        else:
-            agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
-                                            trainable=trainable, noise_draw_sharding=spread)
-        state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
+        return accumulation.DPAggregator(
+            config, self.factored_loss if factored else self.loss_fn, self.optimizer,
+            trainable=trainable, clipper=clip,
+            noise_draw_sharding=sharding.spread_over_devices(self.mesh))
+
+    def dp_step(self, clipper: str, microbatch_size: int, batch_size: int | None = None,
+                noise_multiplier: float = 1.0):
+        """(jitted DP step, its arguments); abstract batch if `batch_size` is given."""
+        agg = self.aggregator(clipper, microbatch_size, noise_multiplier)
+        state = self.dp_state(agg)
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
                                     agg.state_sharding(self.p_sh, self.rep), self.rep))
         batch, mask = ((self.batch, self.mask) if batch_size is None
                        else self.abstract_batch(batch_size))
-        args = (state, _fresh(self.params), _fresh(self.opt_state), batch, mask)
+        args = (state, self.fresh(self.params), self.fresh(self.opt_state), batch, mask)
         return fn, args
 
-    def noise_only(self):
-        """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient`
-        on an all-zero clipped sum, i.e. the part of the DP step that is not clipping."""
-        config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=1.0,
-                                       expected_batch_size=float(_BATCH.value),
-                                       num_shards=self.devices)
-        agg = accumulation.DPAggregator(config, self.loss_fn, self.optimizer,
-                                        noise_draw_sharding=sharding.spread_over_devices(self.mesh))
+    def noise_only(self, generator: str = "dpbert"):
+        """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient` on
+        an all-zero clipped sum; generator "jax" swaps in `jax.random.normal`."""
+        agg = self.aggregator("vmap")
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
                              self.params)
-        return jax.jit(agg.noisy_gradient, out_shardings=self.p_sh), (state, zeros)
+
+        def draw(state, zeros):
+            if generator == "dpbert":
+                return agg.noisy_gradient(state, zeros)
+            fast = noise.threefry_normal
+            noise.threefry_normal = lambda k, shape, sh=None: jax.random.normal(
+                k, shape, jnp.float32, out_sharding=sh)
+            try:
+                return agg.noisy_gradient(state, zeros)
+            finally:
+                noise.threefry_normal = fast
+
+        return jax.jit(draw, out_shardings=self.p_sh), (state, zeros)
 
     def plain_step(self, microbatch_size: int, batch_size: int | None = None):
         fn = jax.jit(non_private_update(self.loss_fn, self.optimizer, microbatch_size),
                      donate_argnums=(0, 1), out_shardings=(self.p_sh, self.o_sh))
         batch = self.batch if batch_size is None else self.abstract_batch(batch_size)[0]
-        args = (_fresh(self.params), _fresh(self.opt_state), batch, jax.random.PRNGKey(0))
+        args = (self.fresh(self.params), self.fresh(self.opt_state), batch,
+                jax.random.PRNGKey(0))
         return fn, args
 
     @staticmethod
@@ -222,22 +282,29 @@ def temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def bytes_accessed(compiled) -> float:
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    return float(cost.get("bytes accessed", float("nan")))
+def total_bytes(compiled) -> int:
+    """Everything the step holds on a device: arguments + outputs - donated (aliased) + temp.
+    (Donating the parameters and optimizer state moves some of their copies into temp.)"""
+    m = compiled.memory_analysis()
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+               + m.temp_size_in_bytes)
 
 
-def time_interleaved(steps: dict, rounds: int) -> dict[str, list[float]]:
+def cost(compiled, key: str) -> float:
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+    return float(analysis.get(key, float("nan")))
+
+
+def time_interleaved(steps: dict, compiled: dict, rounds: int) -> dict[str, list[float]]:
     """Runs each step once per round, in alternating order; returns seconds per step."""
     state = {name: args for name, (_, args) in steps.items()}
     times = {name: [] for name in steps}
 
     def run(name):
-        fn = steps[name][0]
         args = state[name]
         start = time.perf_counter()
-        out = fn(*args)
+        out = compiled[name](*args)
         jax.block_until_ready(out)
         elapsed = time.perf_counter() - start
         # Feed outputs back (the inputs were donated).
@@ -292,49 +359,98 @@ def largest_microbatch(make_step, search_batch: int, devices: int, cap: float,
     return None, None, len(memo)
 
 
-def bench_model(preset: str) -> dict:
-    bench = Bench(preset)
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def memory_cap(preset: str) -> float:
+    if _CAP_MIB.value is not None:
+        return _CAP_MIB.value * MIB
+    return (512.0 if preset in ("tiny", "mini") else 16384.0) * MIB
+
+
+def bench_model(preset: str, devices: int) -> dict:
+    bench = Bench(preset, devices)
     b = _BATCH.value
-    print(f"[{preset}] {bench.num_params / 1e6:.1f}M params, batch {b}, "
-          f"{bench.devices} devices", file=sys.stderr, flush=True)
-    frozen = trees.freeze_paths_containing("word_embeddings")
-    steps = {"dp": bench.dp_step(b), "dp_ghost": bench.dp_step(b, clipper="ghost"),
-             "plain": bench.plain_step(b), "dp_frozen_emb": bench.dp_step(b, trainable=frozen),
-             "noise": bench.noise_only()}
+    tag = f"[{preset} x{bench.devices}]"
+    _log(f"{tag} {bench.num_params / 1e6:.1f}M params, batch {b}, {_DTYPE.value}")
+    clippers = list(_CLIPPERS.value)
+    steps = {"plain": bench.plain_step(b)}
+    for c in clippers:
+        steps["dp:" + c] = bench.dp_step(c, b)
+    if not _COMPILE_ONLY.value:
+        default = DEFAULT_CLIPPER if DEFAULT_CLIPPER in clippers else clippers[-1]
+        steps["dp_sigma0:" + default] = bench.dp_step(default, b, noise_multiplier=0.0)
+        steps["noise"] = bench.noise_only("dpbert")
+        steps["noise_jax"] = bench.noise_only("jax")
     compiled, compile_s = {}, {}
     for name, (fn, args) in steps.items():
         compiled[name], compile_s[name] = Bench.compile(fn, args)
-        print(f"[{preset}] {name} compiled in {compile_s[name]:.1f} s", file=sys.stderr,
-              flush=True)
-    times = time_interleaved(steps, _ROUNDS.value)
-    ratio = lambda name: statistics.median(  # noqa: E731
-        [d / p for d, p in zip(times[name], times["plain"])])
-    cap = _CAP_MIB.value * MIB
-    search = _SEARCH_BATCH.value
-    dp_m = largest_microbatch(lambda m, n: bench.dp_step(m, n), search, bench.devices, cap,
-                              (b, temp_bytes(compiled["dp"])))
-    ghost_m = largest_microbatch(lambda m, n: bench.dp_step(m, n, clipper="ghost"), search,
-                                 bench.devices, cap, (b, temp_bytes(compiled["dp_ghost"])))
-    plain_m = largest_microbatch(lambda m, n: bench.plain_step(m, n), search, bench.devices,
-                                 cap, (b, temp_bytes(compiled["plain"])))
-    print(f"[{preset}] microbatch search: {dp_m[2]} + {ghost_m[2]} + {plain_m[2]} compiles",
-          file=sys.stderr, flush=True)
-    return {
-        "preset": preset, "params": bench.num_params,
-        "dp_s": statistics.median(times["dp"]), "plain_s": statistics.median(times["plain"]),
-        "ghost_s": statistics.median(times["dp_ghost"]), "ghost_ratio": ratio("dp_ghost"),
-        "ghost_temp": temp_bytes(compiled["dp_ghost"]),
-        "ghost_bytes": bytes_accessed(compiled["dp_ghost"]),
-        "ghost_m": ghost_m[0], "ghost_m_mem": ghost_m[1], "ghost_compile": compile_s["dp_ghost"],
-        "frozen_s": statistics.median(times["dp_frozen_emb"]),
-        "noise_s": statistics.median(times["noise"]), "noise_ratio": ratio("noise"),
-        "time_ratio": ratio("dp"), "frozen_ratio": ratio("dp_frozen_emb"),
-        "dp_temp": temp_bytes(compiled["dp"]), "plain_temp": temp_bytes(compiled["plain"]),
-        "dp_bytes": bytes_accessed(compiled["dp"]),
-        "plain_bytes": bytes_accessed(compiled["plain"]),
-        "dp_m": dp_m[0], "dp_m_mem": dp_m[1], "plain_m": plain_m[0], "plain_m_mem": plain_m[1],
-        "dp_compile": compile_s["dp"], "plain_compile": compile_s["plain"],
-    }
+        _log(f"{tag} {name} compiled in {compile_s[name]:.1f} s, temp "
+             f"{temp_bytes(compiled[name]) / MIB:.0f} MiB")
+    times = {} if _COMPILE_ONLY.value else time_interleaved(steps, compiled, _ROUNDS.value)
+
+    def ratio(name, base="plain"):
+        if not times:
+            return None
+        return statistics.median([d / p for d, p in zip(times[name], times[base])])
+
+    def spread(name, base="plain"):
+        """(min, max) of the per-round ratios: how noisy the median is."""
+        rs = [d / p for d, p in zip(times[name], times[base])] if times else []
+        return [min(rs), max(rs)] if rs else None
+
+    cap = memory_cap(preset)
+    search = max(_SEARCH_BATCH.value, bench.devices)
+    plain_m = (largest_microbatch(lambda m, n: bench.plain_step(m, n), search, bench.devices,
+                                  cap, (b, temp_bytes(compiled["plain"])))
+               if _SEARCH.value else (None, None, 0))
+    plain = {"temp_mib": temp_bytes(compiled["plain"]) / MIB,
+             "total_mib": total_bytes(compiled["plain"]) / MIB,
+             "flops": cost(compiled["plain"], "flops"),
+             "bytes_accessed": cost(compiled["plain"], "bytes accessed"),
+             "compile_s": compile_s["plain"], "max_microbatch": plain_m[0],
+             "max_microbatch_temp_mib": None if plain_m[1] is None else plain_m[1] / MIB}
+    if times:
+        plain["s"] = statistics.median(times["plain"])
+    result = {"model": preset, "params": bench.num_params, "devices": bench.devices,
+              "batch_size": b, "seq_len": _SEQ.value, "dtype": _DTYPE.value,
+              "default_clipper": DEFAULT_CLIPPER, "plain": plain, "clippers": {}}
+    for c in clippers:
+        name = "dp:" + c
+        m = (largest_microbatch(lambda m, n, c=c: bench.dp_step(c, m, n), search, bench.devices,
+                                cap, (b, temp_bytes(compiled[name])))
+             if _SEARCH.value else (None, None, 0))
+        entry = {
+            "time_ratio": ratio(name), "time_ratio_range": spread(name),
+            "temp_memory_ratio": temp_bytes(compiled[name]) / temp_bytes(compiled["plain"]),
+            "total_memory_ratio": total_bytes(compiled[name]) / total_bytes(compiled["plain"]),
+            "flops_ratio": cost(compiled[name], "flops") / plain["flops"],
+            "bytes_accessed_ratio": (cost(compiled[name], "bytes accessed")
+                                     / plain["bytes_accessed"]),
+            "max_microbatch_ratio": (m[0] / plain_m[0] if m[0] and plain_m[0] else None),
+            "temp_mib": temp_bytes(compiled[name]) / MIB, "compile_s": compile_s[name],
+            "max_microbatch": m[0], "max_microbatch_temp_mib": None if m[1] is None
+            else m[1] / MIB}
+        if times:
+            entry["s"] = statistics.median(times[name])
+        result["clippers"][c] = entry
+        _log(f"{tag} {c}: {json.dumps(entry)}")
+    top = result["clippers"].get(DEFAULT_CLIPPER) or result["clippers"][clippers[-1]]
+    for k in ("time_ratio", "temp_memory_ratio", "flops_ratio", "max_microbatch_ratio"):
+        result[k] = top[k]
+    if times:
+        sigma0 = [k for k in steps if k.startswith("dp_sigma0:")][0]
+        noisy = "dp:" + sigma0.split(":", 1)[1]
+        result["noise"] = {
+            "clipper": sigma0.split(":", 1)[1],
+            "draw_s": statistics.median(times["noise"]), "draw_ratio": ratio("noise"),
+            "jax_draw_s": statistics.median(times["noise_jax"]),
+            "jax_draw_ratio": ratio("noise_jax"),
+            # (DP step - DP step with sigma = 0) / non-private step, per round.
+            "in_step_ratio": statistics.median(
+                [(d - z) / p for d, z, p in zip(times[noisy], times[sigma0], times["plain"])])}
+    return result
 
 
 def bench_calibration() -> dict:
@@ -349,58 +465,92 @@ def bench_calibration() -> dict:
     return {"sigma": sigma, "wall": wall, "cpu": cpu, "eps": eps, "eps_fine": fine}
 
 
+def _x(v, digits=2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}x"
+
+
+def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    dev = jax.devices()[0]
+    timed = not _COMPILE_ONLY.value
+    lines = [SECTION, "",
+             f"`{command}` on {platform_lib.machine()}, {os.cpu_count()} CPU cores, JAX "
+             f"{jax.__version__} on {dev.platform} ({dev.device_kind}); load average "
+             f"{load:.1f} at the end. Vocabulary {_VOCAB.value}, seq {_SEQ.value}, "
+             f"{_PREDS.value} predictions, global batch {_BATCH.value}, {_DTYPE.value} compute, "
+             "dropout on, AdamW; DP: C=1, sigma=1, whole batch in one microbatch. "
+             + (f"Times: median of {_ROUNDS.value} interleaved rounds (ratio per round; the "
+                "range is the rounds' min-max). " if timed else "Compile only (no timings). ")
+             + "Ratios are DP step / non-private step (both donate parameters and optimizer "
+             "state); temp memory is per device, total memory = arguments + outputs - donated + "
+             "temp; FLOPs and bytes from XLA's cost analysis. Default clipper: "
+             f"`{DEFAULT_CLIPPER}`.", ""]
+    lines += ["| model | devices | clipper | DP s | non-DP s | time ratio (range) | temp MiB "
+              "DP / non-DP | temp ratio | total memory ratio | FLOPs ratio | bytes ratio | max "
+              "microbatch DP / non-DP | microbatch ratio |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        p = r["plain"]
+        for c, e in r["clippers"].items():
+            rng = e["time_ratio_range"]
+            t = ("-" if e["time_ratio"] is None else
+                 f"{e['time_ratio']:.2f}x ({rng[0]:.2f}-{rng[1]:.2f})")
+            lines.append(
+                f"| {r['model']} | {r['devices']} | {c} | "
+                f"{e.get('s', float('nan')):.2f} | {p.get('s', float('nan')):.2f} | {t} | "
+                f"{e['temp_mib']:.0f} / {p['temp_mib']:.0f} | {_x(e['temp_memory_ratio'])} | "
+                f"{_x(e['total_memory_ratio'])} | "
+                f"{_x(e['flops_ratio'])} | {_x(e['bytes_accessed_ratio'])} | "
+                f"{e['max_microbatch']} / {p['max_microbatch']} | "
+                f"{_x(e['max_microbatch_ratio'])} |")
+    if any("noise" in r for r in rows):
+        lines += ["", "The noise: `noisy_gradient` on a zero sum (one N(0, sigma^2 C^2) float32 "
+                  "array per parameter, drawn spread over the devices, result replicated) with "
+                  "dpbert's generator and with `jax.random.normal` (same values), and inside the "
+                  "step: (DP step - the same step with sigma = 0) / non-private step.", "",
+                  "| model | devices | draw s | draw / non-DP | jax.random draw s | "
+                  "jax.random / non-DP | in the step (clipper) |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if "noise" in r:
+                n = r["noise"]
+                lines.append(f"| {r['model']} | {r['devices']} | {n['draw_s']:.3f} | "
+                             f"{_x(n['draw_ratio'], 3)} | {n['jax_draw_s']:.3f} | "
+                             f"{_x(n['jax_draw_ratio'], 3)} | {_x(n['in_step_ratio'], 3)} "
+                             f"({n['clipper']}) |")
+    caps = sorted({memory_cap(r["model"]) / MIB for r in rows})
+    lines += ["", f"Max microbatch: the largest global microbatch (devices x 2^k, physical batch "
+              f"{_SEARCH_BATCH.value}) whose step compiles under "
+              f"{' / '.join(f'{c:.0f}' for c in caps)} MiB temp memory per device.", "",
+              "Compile times (s): " + "; ".join(
+                  f"{r['model']} x{r['devices']}: non-DP {r['plain']['compile_s']:.1f}, " +
+                  ", ".join(f"{c} {e['compile_s']:.1f}" for c, e in r["clippers"].items())
+                  for r in rows)]
+    if cal:
+        lines += ["", f"Calibration, T = 1,000,000 steps, N = 83M, batch 131,072, delta = 1e-8, "
+                  f"target epsilon 8 (PLD): sigma = {cal['sigma']:.5f} in {cal['wall']:.2f} s "
+                  f"wall / {cal['cpu']:.2f} s CPU; reported epsilon {cal['eps']:.5f}; the same "
+                  f"sigma on a 10x finer PLD grid (1e-5): epsilon {cal['eps_fine']:.5f}."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv):
     del argv
-    rows = [bench_model(m) for m in _MODELS.value]
+    rows = []
+    for preset in _MODELS.value:
+        for devices in (int(d) for d in _DEVICES.value):
+            if devices > len(jax.devices()):
+                raise ValueError(f"--devices={devices}: only {len(jax.devices())} devices")
+            row = bench_model(preset, devices)
+            rows.append(row)
+            if _JSON.value:
+                print(json.dumps(row), flush=True)
     cal = bench_calibration() if _CALIBRATION.value else None
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    devices = jax.devices()
-    print(f"`PYTHONPATH=. python benchmarks/dp_step.py --models={','.join(_MODELS.value)} "
-          f"--batch_size={_BATCH.value}` on {platform_lib.machine()}, {os.cpu_count()} CPU "
-          f"cores, JAX {jax.__version__} on {len(devices)} x {devices[0].platform} "
-          f"({devices[0].device_kind}); load average {load:.1f} at the end. "
-          f"Vocabulary {_VOCAB.value}, seq {_SEQ.value}, {_PREDS.value} predictions, "
-          f"global batch {_BATCH.value}, dropout on, AdamW; DP: C=1, sigma=1, whole batch "
-          f"in one microbatch. Median of {_ROUNDS.value} interleaved rounds. DP ratios are "
-          "DP step / non-DP step; `vmap` = VmapClipper (dp.clipping=\"vmap\"), `ghost` = "
-          "TiedEmbeddingClipper (dp.clipping=\"ghost_embedding\", the default).\n")
-    print("| model | params | clipper | DP step s | non-DP step s | time ratio | DP temp MiB | "
-          "non-DP temp MiB | temp ratio | bytes-accessed ratio |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        for name, key, ratio in (("vmap", "dp", "time_ratio"), ("ghost", "ghost", "ghost_ratio")):
-            print(f"| {r['preset']} | {r['params'] / 1e6:.1f}M | {name} | {r[key + '_s']:.2f} | "
-                  f"{r['plain_s']:.2f} | {r[ratio]:.2f}x | "
-                  f"{r[key + '_temp'] / MIB:.0f} | {r['plain_temp'] / MIB:.0f} | "
-                  f"{r[key + '_temp'] / r['plain_temp']:.2f}x | "
-                  f"{r[key + '_bytes'] / r['plain_bytes']:.2f}x |")
-    print("\nParts of the DP step, timed alone in the same rounds: the noise draw "
-          "(`DPAggregator.noisy_gradient` on a zero sum: one N(0, sigma^2 C^2) array per "
-          "parameter, float32), and the vmap DP step with the (tied, 30,522-row) word "
-          "embedding frozen (no embedding/decoder gradient and no noise on it):\n")
-    print("| model | noise draw s | vs. non-DP | DP step, word embedding frozen, s | "
-          "vs. non-DP |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['preset']} | {r['noise_s']:.2f} | {r['noise_ratio']:.2f}x | "
-              f"{r['frozen_s']:.2f} | {r['frozen_ratio']:.2f}x |")
-    print(f"\nLargest global microbatch (devices x 2^k, batch {_SEARCH_BATCH.value}) whose "
-          f"step compiles under {_CAP_MIB.value:.0f} MiB temp memory per device:\n")
-    print("| model | DP vmap microbatch | its temp MiB | DP ghost microbatch | its temp MiB | "
-          "non-DP microbatch | its temp MiB |")
-    print("|---|---|---|---|---|---|---|")
-    fmt = lambda m, mem: ("none", "-") if m is None else (str(m), f"{mem / MIB:.0f}")  # noqa
-    for r in rows:
-        cells = [c for k in ("dp", "ghost", "plain") for c in fmt(r[k + "_m"], r[k + "_m_mem"])]
-        print(f"| {r['preset']} | " + " | ".join(cells) + " |")
-    print("\nCompile times (s): " + ", ".join(
-        f"{r['preset']} DP vmap {r['dp_compile']:.1f} / DP ghost {r['ghost_compile']:.1f} / "
-        f"non-DP {r['plain_compile']:.1f}" for r in rows))
-    if cal:
-        print(f"\nCalibration, T = 1,000,000 steps, N = 83M, batch 131,072, delta = 1e-8, "
-              f"target epsilon 8 (PLD): sigma = {cal['sigma']:.5f} in {cal['wall']:.2f} s "
-              f"wall / {cal['cpu']:.2f} s CPU; reported epsilon {cal['eps']:.5f}; the same "
-              f"sigma on a 10x finer PLD grid (1e-5): epsilon {cal['eps_fine']:.5f}.")
+    command = "PYTHONPATH=. python benchmarks/dp_step.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, cal, command.strip())
+    if not _JSON.value:
+        print(text)
+    if _WRITE.value:
+        bench_report.write_section(SECTION, text, keep_subsections=True)
 
 
 if __name__ == "__main__":

@@ -137,11 +137,12 @@ def get_config() -> ml_collections.ConfigDict:
     # C: per-example gradient L2 norm bound (over all trainable parameters).
     c.dp.clip_norm = 1.0
     # How the clipped sum of per-example gradients is computed (the same sum either way, up to
-    # float rounding): "ghost_embedding" (default) takes the norm and the clipped sum of the
-    # tied word embedding's gradient from per-example factors (input-vector and logit
-    # gradients; dpbert.dp.ghost) instead of a dense [vocab, hidden] gradient per example, and
-    # materialises only the other parameters' per-example gradients; "vmap" materialises every
-    # per-example gradient (jax.vmap(jax.grad)); slower and needs more memory, the reference.
+    # float rounding): "mixed_ghost" takes the norms from per-example factors for the dense
+    # kernels (layer inputs and output gradients), the tied word embedding and the position
+    # table, and the clipped sum from one weighted pass over the same factors (dpbert.dp.
+    # mixed_ghost); "ghost_embedding" does that for the tied word embedding only
+    # (dpbert.dp.ghost) and materialises the other per-example gradients; "vmap" materialises
+    # every per-example gradient (jax.vmap(jax.grad)): slowest, most memory, the reference.
     c.dp.clipping = "ghost_embedding"
     # Stop at the last step whose epsilon is <= this (None = no budget; train.num_steps decides).
     c.dp.target_epsilon = config_dict.placeholder(float)

@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpbert import model as model_lib
 from dpbert.dp import trees
 
 Example = dict[str, jax.Array]
@@ -66,6 +67,7 @@ TargetFn = Callable[[jax.Array, Example], tuple[jax.Array, jax.Array]]
 
 # Path of the word-embedding table in the parameter pytree of `BertForPreTraining`.
 WORD_EMBEDDING_PATH = ("bert", "embeddings", "word_embeddings", "embedding")
+POSITION_EMBEDDING_PATH = ("bert", "embeddings", "position_embeddings", "embedding")
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -281,6 +283,8 @@ class FactoredPretrainingLoss:
     frozen_word_embedding: bool = False
     # Path names of E in the parameter pytree (`dpbert.dp.trees.path_names` form).
     table_path: tuple[str, ...] = WORD_EMBEDDING_PATH
+    # Path names of the position table P, used as P[:S] added to the input vectors.
+    position_table_path: tuple[str, ...] = POSITION_EMBEDDING_PATH
 
     def __post_init__(self):
         get_mlm_target(self.mlm_target)  # fails early on an unknown name
@@ -325,7 +329,33 @@ class FactoredPretrainingLoss:
           (loss, (metrics, f)): loss and metrics as `__call__` gives them for x = E[ids];
           f: float32 [P, H], the MLM head features at the masked positions.
         """
+        return self._factored(nnx.merge(self.graphdef, params), example, rng, x, probe)
+
+    def tapped(self, params: nnx.State, example: Example, rng: jax.Array,
+               x: jax.Array | None, probe: jax.Array, dense_probes: dict[str, jax.Array]
+               ) -> tuple[jax.Array, tuple[Metrics, jax.Array, dict[str, jax.Array]]]:
+        """`factored` with every dense layer tapped (`dpbert.model.DenseTap`).
+
+        Also the input of the word/position/segment sum: x enters as ``x + P[:S] + T[seg]``,
+        so dL/dx is also the gradient of the position rows P[:S] (`position_table_path`).
+
+        Args:
+          dense_probes: layer name -> float32 zeros shaped like its output (batch axis 1),
+            added to that layer's output; layers not named are only recorded.
+
+        Returns:
+          (loss, (metrics, f, inputs)): as `factored`, plus inputs: layer name -> the array
+          its kernel multiplied, [1, ..., in] in the compute dtype, for every dense layer
+          (the kernel is at name + "/kernel").
+        """
         model = nnx.merge(self.graphdef, params)
+        with model_lib.dense_tap(model_lib.DenseTap(model, dense_probes)) as tap:
+            loss, (metrics, f) = self._factored(model, example, rng, x, probe)
+        return loss, (metrics, f, tap.inputs)
+
+    def _factored(self, model: nnx.Module, example: Example, rng: jax.Array,
+                  x: jax.Array | None, probe: jax.Array
+                  ) -> tuple[jax.Array, tuple[Metrics, jax.Array]]:
         batch = jax.tree.map(lambda a: a[None], example)
         if x is None:
             x = example["word_embeddings"]

@@ -24,13 +24,21 @@ Design points that other parts of dpbert rely on:
   default and may be bfloat16; attention softmax, LayerNorm statistics and the output logits are
   computed in float32 either way.
 * **Exact GELU** (erf form), which is what HF calls `"gelu"`.
+* **Dense taps.** Every dense layer is a `Dense` (an `nnx.Linear`: same parameters, same
+  numerics). Inside `with dense_tap(tap):` each call also hands its input and output to `tap`,
+  which may add a "probe" (zeros) to the output; DP clipping uses this to get the per-example
+  input a and output gradient g = dL/dprobe of every dense layer, from which the per-example
+  kernel gradient a^T g, its norm and a weighted sum over examples follow without a
+  per-example [in, out] gradient (`dpbert.dp.mixed_ghost`). Outside a tap nothing changes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -144,9 +152,73 @@ def _init(config: BertConfig, axes: tuple[str | None, ...]):
     return _with_axes(nnx.initializers.truncated_normal(stddev=config.initializer_range), axes)
 
 
+# ----------------------------------------------------------------------------- dense taps
+
+_ACTIVE_TAP: contextvars.ContextVar["DenseTap | None"] = contextvars.ContextVar(
+    "dpbert_dense_tap", default=None)
+
+
+class Dense(nnx.Linear):
+    """`nnx.Linear` that an active `DenseTap` observes (see the module docstring)."""
+
+    def __call__(self, inputs: jax.Array, out_sharding=None) -> jax.Array:
+        y = super().__call__(inputs, out_sharding)
+        tap = _ACTIVE_TAP.get()
+        return y if tap is None else tap(self, inputs, y)
+
+
+class DenseTap:
+    """Records every `Dense` call of one forward pass of `model` and adds probes.
+
+    Args:
+      model: the module whose forward pass is observed (its `Dense` submodules are named by
+        their attribute path, e.g. ``bert/encoder/layer/0/attention/self/query``; the kernel
+        is at that path + ``/kernel`` in the parameter pytree).
+      probes: name -> array shaped like that layer's output (normally zeros), added to the
+        output; layers without a probe are only recorded.
+
+    After the pass, `inputs[name]` is the array the kernel multiplied (the input cast to the
+    layer's compute dtype) and `output_shapes[name]` the output's shape.  A layer called
+    twice in one pass raises (its per-example gradient would need both calls).
+    """
+
+    def __init__(self, model: nnx.Module, probes: Mapping[str, jax.Array] | None = None):
+        self.names = {id(m): "/".join(str(k) for k in path)
+                      for path, m in nnx.iter_modules(model) if isinstance(m, Dense)}
+        self.probes = dict(probes or {})
+        self.inputs: dict[str, jax.Array] = {}
+        self.output_shapes: dict[str, tuple[int, ...]] = {}
+
+    def __call__(self, module: Dense, inputs: jax.Array, y: jax.Array) -> jax.Array:
+        name = self.names.get(id(module))
+        if name is None:
+            raise ValueError("DenseTap: a Dense layer outside the tapped model was called")
+        if name in self.inputs:
+            raise ValueError(f"DenseTap: {name} was called twice in one forward pass")
+        self.inputs[name] = inputs if module.dtype is None else inputs.astype(module.dtype)
+        self.output_shapes[name] = tuple(y.shape)
+        probe = self.probes.get(name)
+        if probe is not None:
+            if probe.shape != y.shape:
+                raise ValueError(f"DenseTap: probe for {name} has shape {probe.shape}, the "
+                                 f"layer's output {y.shape}")
+            y = y + probe.astype(y.dtype)
+        return y
+
+
+@contextlib.contextmanager
+def dense_tap(tap: DenseTap) -> Iterator[DenseTap]:
+    """Activates `tap` for the `Dense` calls made inside the block (one forward pass)."""
+    token = _ACTIVE_TAP.set(tap)
+    try:
+        yield tap
+    finally:
+        _ACTIVE_TAP.reset(token)
+
+
 def _dense(config: BertConfig, din: int, dout: int, axes: tuple[str, str], *,
-           rngs: nnx.Rngs) -> nnx.Linear:
-    return nnx.Linear(
+           rngs: nnx.Rngs) -> Dense:
+    return Dense(
         din, dout, dtype=config.compute_dtype, param_dtype=jnp.float32,
         kernel_init=_init(config, axes),
         bias_init=_with_axes(nnx.initializers.zeros_init(), (axes[1],)),

@@ -6,9 +6,9 @@ epsilon, calibration, budget, privacy report), `ledger` (the accounting of a run
 across resumes), `randomness` (the run's secret noise key and sampler seed) and
 `plan` (`DPPlan`: all of the above for one run, plus the clipper's name).  Device
 side (JAX, inside one jitted step): `clipping` (per-example clipped gradient sums and
-the clipper registry; `ghost` for the tied word embedding; `BatchGradient` for
-non-private runs), `noise`, and `accumulation` (`DPAggregator`, the composition the
-training loop calls).
+the clipper registry; `ghost` for the tied word embedding, `mixed_ghost` for dense layers
+and embeddings too; `BatchGradient` for non-private runs), `noise`, and `accumulation`
+(`DPAggregator`, the composition the training loop calls).
 
 Names are imported lazily so that host-only users (launch/privacy.py) do not
 import JAX.
@@ -29,6 +29,7 @@ _EXPORTS = {
     "plan": ("DPPlan", "make_plan"),
     "randomness": ("RunSecrets",),
     "ghost": ("FactoredLoss", "TiedEmbeddingClipper"),
+    "mixed_ghost": ("MixedGhostClipper", "TappedLoss"),
     "noise": ("add_noise", "noise_stddev"),
     "sampling": ("PoissonSampler", "ShuffleSampler", "capacity_for_overflow_probability",
                  "make_sampler"),

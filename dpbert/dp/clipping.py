@@ -396,6 +396,11 @@ def scan_microbatches(chunk_sums: Callable[[Batch, jax.Array, jax.Array], PyTree
         flat = lambda x: x.reshape((s * per_shard,) + x.shape[2:])  # noqa: E731
         return chunk_sums(*jax.tree.map(flat, chunk))
 
+    if n_chunks == 1:
+        # No loop: a loop would carry the (read-only) parameters in its state, and when the
+        # caller donates them XLA copies them into temp memory (params + optimizer state).
+        return flat_chunk(jax.tree.map(lambda x: x[0], xs))
+
     # Zero carry with the right structure (e.g. metric names come from the loss).
     carry_shape = jax.eval_shape(flat_chunk, jax.tree.map(lambda x: x[0], xs))
     init = jax.tree.map(lambda sd: jnp.zeros(sd.shape, sd.dtype,

@@ -76,6 +76,11 @@ class PretrainingTask:
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
             _need(config, config.vocab.size >= floor, "vocab.size",
                   f"must be >= {floor} (the special tokens and the public alphabet)")
+        _need(config, not config.dp.enabled or config.dp.clipping != "mixed_ghost"
+              or config.dp.privacy_unit == "example", "dp.clipping",
+              f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
+              f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
+              f"'ghost_embedding' or 'vmap'")
         _need(config, config.model.max_position_embeddings >= config.data.max_seq_length,
               "model.max_position_embeddings",
               f"must be >= data.max_seq_length ({config.data.max_seq_length})")

@@ -221,6 +221,8 @@ def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
     ({"dp.clip_norm": 0.0}, "clip_norm"),
     ({"dp.clipping": "ghost"}, r"config.dp.clipping='ghost': must be one of"),
+    ({"dp.clipping": "mixed_ghost", "dp.privacy_unit": "note"},
+     r"config.dp.clipping='mixed_ghost': mixed_ghost clips one example"),
 ])
 def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
@@ -266,7 +268,7 @@ def test_eight_devices_equal_one_device(cache_dir, tmp_path):
 def test_ghost_embedding_clipping_equals_vmap_clipping(cache_dir, tmp_path):
     """dp.clipping only changes how the clipped sum is computed, not the training run."""
     runs = {}
-    for clipping in ("vmap", "ghost_embedding"):
+    for clipping in ("vmap", "ghost_embedding", "mixed_ghost"):
         c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
                                        "train.eval_every": 0, "checkpoint.every_steps": 0,
                                        "dp.clipping": clipping})
@@ -275,7 +277,8 @@ def test_ghost_embedding_clipping_equals_vmap_clipping(cache_dir, tmp_path):
         train.train_and_evaluate(c, tmp_path / clipping, devices=jax.devices()[:1])
         runs[clipping], step = final_params(tmp_path / clipping)
         assert step == 3
-    assert_trees(runs["ghost_embedding"], runs["vmap"], exact=False, rtol=2e-4, atol=2e-6)
+    for clipping in ("ghost_embedding", "mixed_ghost"):
+        assert_trees(runs[clipping], runs["vmap"], exact=False, rtol=2e-4, atol=2e-6)
 
 
 def _free_port() -> int:

@@ -120,3 +120,38 @@ def bert_batch(n: int, vocab: int, seq: int = 16, preds: int = 4, seed: int = 0)
         "masked_lm_weights": weights,
         "next_sentence_labels": rng.randint(0, 2, size=(n,)).astype(np.int32),
     }
+
+
+# ----------------------------------------------------------------------------- ghost clippers
+
+GHOST_VOCAB, GHOST_SEQ, GHOST_PREDS, GHOST_DRAWS = 98, 16, 4, 3  # 98: vocab splits over fsdp=2
+MASK_ID = 4  # plays [MASK]: the same input row at most masked positions
+
+
+def ghost_batch(n: int, seed: int = 0) -> dict:
+    """Pretraining examples where embedding rows collide the way real BERT batches make them:
+    [MASK] repeated at the masked positions, a repeated input token, a masked label that is
+    also an input token; plus the dχ fields the prob / denoising targets read."""
+    vocab, preds = GHOST_VOCAB, GHOST_PREDS
+    b = bert_batch(n, vocab, seq=GHOST_SEQ, preds=preds, seed=seed)
+    rng = np.random.RandomState(seed + 1)
+    for i in range(n):
+        real = b["masked_lm_weights"][i] > 0
+        pos = b["masked_lm_positions"][i][real]
+        b["input_ids"][i, pos] = MASK_ID
+        length = int(b["input_mask"][i].sum())
+        unmasked = [t for t in range(length) if t not in set(pos.tolist())]
+        b["input_ids"][i, unmasked[1]] = b["input_ids"][i, unmasked[0]]
+        b["masked_lm_ids"][i, 0] = b["input_ids"][i, unmasked[-1]]
+    b["original_masked_lm_ids"] = rng.randint(5, vocab, size=(n, preds)).astype(np.int32)
+    draws = rng.randint(5, vocab, size=(n, preds, GHOST_DRAWS)).astype(np.int32)
+    draws[:, :, 0] = b["masked_lm_ids"]
+    b["prob_masked_lm_ids"] = draws
+    return b
+
+
+def with_token_rep(batch: dict, params, seed: int = 0) -> dict:
+    """The dχ token_rep input: noisy embedding rows instead of the lookup."""
+    table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"][...])
+    noise = np.random.RandomState(seed).normal(scale=0.02, size=table[batch["input_ids"]].shape)
+    return dict(batch, word_embeddings=(table[batch["input_ids"]] + noise).astype(np.float32))

@@ -1,5 +1,8 @@
 """TiedEmbeddingClipper (ghost norms for BERT's tied word embedding) against the references:
-dense numpy norms, brute-force per-example gradients, and VmapClipper on the real loss."""
+dense numpy norms, brute-force per-example gradients, and VmapClipper on the real loss.
+
+The clipped-sum equality tests also run `MixedGhostClipper` (ghost norms for the dense layers
+and the position table too; test_mixed_ghost.py has its own unit tests)."""
 
 import math
 
@@ -7,59 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
-
 from dpbert import losses, sharding
-from dpbert import model as model_lib
-from dpbert.dp import clipping, ghost, trees
+from dpbert.dp import clipping, ghost, mixed_ghost, trees
 from tests.dpbert.dp import helpers
 
-VOCAB, SEQ, PREDS, DRAWS = 98, 16, 4, 3  # 98: the vocab axis splits over fsdp=2
-MASK_ID = 4  # plays [MASK]: the same input row at most masked positions
+VOCAB = helpers.GHOST_VOCAB
 TABLE = ("bert", "embeddings", "word_embeddings", "embedding")
 FROZEN = trees.freeze_paths_containing("word_embeddings")
-
-
-def ghost_batch(n: int, seed: int = 0) -> dict:
-    """Pretraining examples where embedding rows collide the way real BERT batches make them:
-    [MASK] repeated at the masked positions, a repeated input token, a masked label that is
-    also an input token; plus the dχ fields the prob / denoising targets read."""
-    b = helpers.bert_batch(n, VOCAB, seq=SEQ, preds=PREDS, seed=seed)
-    rng = np.random.RandomState(seed + 1)
-    for i in range(n):
-        real = b["masked_lm_weights"][i] > 0
-        pos = b["masked_lm_positions"][i][real]
-        b["input_ids"][i, pos] = MASK_ID
-        length = int(b["input_mask"][i].sum())
-        unmasked = [t for t in range(length) if t not in set(pos.tolist())]
-        b["input_ids"][i, unmasked[1]] = b["input_ids"][i, unmasked[0]]
-        b["masked_lm_ids"][i, 0] = b["input_ids"][i, unmasked[-1]]
-    b["original_masked_lm_ids"] = rng.randint(5, VOCAB, size=(n, PREDS)).astype(np.int32)
-    draws = rng.randint(5, VOCAB, size=(n, PREDS, DRAWS)).astype(np.int32)
-    draws[:, :, 0] = b["masked_lm_ids"]
-    b["prob_masked_lm_ids"] = draws
-    return b
-
-
-def with_token_rep(batch: dict, params, seed: int = 0) -> dict:
-    """The dχ token_rep input: noisy embedding rows instead of the lookup."""
-    table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"][...])
-    noise = np.random.RandomState(seed).normal(scale=0.02, size=table[batch["input_ids"]].shape)
-    return dict(batch, word_embeddings=(table[batch["input_ids"]] + noise).astype(np.float32))
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """Tiny BERT (dropout on), a batch with padding slots, and brute-force gradients."""
-    config = model_lib.BertConfig.preset("tiny", VOCAB, max_position_embeddings=32)
-    graphdef, params = nnx.split(model_lib.create_model(config, seed=0))
-    batch = ghost_batch(16)
-    mask = np.ones(16, bool)
-    mask[[3, 10]] = False
-    key = jax.random.PRNGKey(7)
-    loss_fn = losses.make_pretraining_loss(graphdef)
-    per_example = helpers.per_example_grads(loss_fn, params, batch, mask, key)
-    return graphdef, params, batch, mask, key, per_example
+ghost_batch, with_token_rep = helpers.ghost_batch, helpers.with_token_rep
+# Fixtures `tiny` and `small`: tests/dpbert/dp/conftest.py (shared with test_mixed_ghost.py).
 
 
 def test_embedding_sq_norm_equals_dense_norm():
@@ -125,42 +84,47 @@ def test_clipped_sum_equals_vmap_clipper_on_mesh(tiny):
             jax.device_put(mask, sharding.batch_sharding(mesh)))
     n = sharding.num_batch_shards(mesh)
     results = []
+    factored = losses.make_factored_pretraining_loss(graphdef)
     for clipper, loss_fn in (
             (clipping.VmapClipper(c, 8, n), losses.make_pretraining_loss(graphdef)),
-            (ghost.TiedEmbeddingClipper(c, 8, n),
-             losses.make_factored_pretraining_loss(graphdef))):
+            (ghost.TiedEmbeddingClipper(c, 8, n), factored),
+            (mixed_ghost.MixedGhostClipper(c, 8, n), factored)):
         fn = jax.jit(lambda p, b, m: clipper.clipped_sum(loss_fn, p, b, m, key,
                                                          first_position=16),
                      out_shardings=(p_sh, rep, rep))
         results.append(jax.device_get(fn(*args)))
-    (ref, ref_m, ref_nf), (got, got_m, got_nf) = results
-    assert int(ref_nf) == int(got_nf) == 1
-    helpers.assert_trees_close(got, ref, rtol=1e-5, atol_frac=1e-6)
-    assert ref_m.keys() == got_m.keys()
-    for k in ref_m:
-        assert np.isfinite(got_m[k])
-        np.testing.assert_allclose(got_m[k], ref_m[k], rtol=1e-6)
-    assert float(got_m["count"]) == mask.sum() - 1
-    assert np.any(got["bert"]["embeddings"]["word_embeddings"]["embedding"][...] != 0)
+    ref, ref_m, ref_nf = results[0]
+    for got, got_m, got_nf in results[1:]:
+        assert int(ref_nf) == int(got_nf) == 1
+        helpers.assert_trees_close(got, ref, rtol=1e-5, atol_frac=1e-6)
+        assert ref_m.keys() == got_m.keys()
+        for k in ref_m:
+            assert np.isfinite(got_m[k])
+            np.testing.assert_allclose(got_m[k], ref_m[k], rtol=1e-6)
+        assert float(got_m["count"]) == mask.sum() - 1
+        assert np.any(got["bert"]["embeddings"]["word_embeddings"]["embedding"][...] != 0)
 
 
-@pytest.fixture(scope="module")
-def small():
-    """A 1-layer BERT (fast compiles) for the loss variants."""
-    config = model_lib.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1,
-                                  num_attention_heads=2, intermediate_size=64,
-                                  max_position_embeddings=32)
-    graphdef, params = nnx.split(model_lib.create_model(config, seed=1))
-    return graphdef, params, ghost_batch(8, seed=2)
+def _freeze_position_and_query_kernel(path, leaf):
+    del leaf
+    return not ("position_embeddings" in path or path[-2:] == ("query", "kernel"))
 
 
-@pytest.mark.parametrize("target,token_rep,frozen_loss,trainable", [
-    ("prob", False, False, None),
-    ("denoising", True, False, None),  # token_rep: E reaches the loss through the decoder only
-    ("vanilla", False, True, None),    # the loss stops E's gradient (dχ pretraining); the
-                                       # trainable filter's way: test_frozen_table_...
+_SLOW = pytest.mark.slow  # ~30 s each on the shared 2-core machine (three compiles)
+
+
+@pytest.mark.parametrize("target,token_rep,frozen_loss,trainable,dense_norm", [
+    # Frozen by the filter: the position table and one Gram-form kernel (its bias trains).
+    ("vanilla", False, False, _freeze_position_and_query_kernel, "gram"),
+    pytest.param("prob", False, False, None, "auto", marks=_SLOW),
+    # token_rep: E reaches the loss through the decoder only; dense kernels by vmap.
+    pytest.param("denoising", True, False, None, "direct", marks=_SLOW),
+    # The loss stops E's gradient (dχ pretraining); the trainable filter's way:
+    # test_frozen_table_either_way_takes_the_vmap_path.
+    pytest.param("vanilla", False, True, None, "auto", marks=_SLOW),
 ])
-def test_every_target_input_and_frozen_table(small, target, token_rep, frozen_loss, trainable):
+def test_every_target_input_and_frozen_table(small, target, token_rep, frozen_loss, trainable,
+                                             dense_norm):
     """Every example clipped (C far below every norm), so every per-example norm and
     gradient direction enters the sum; dropout off here (the mesh test has it on)."""
     graphdef, params, batch = small
@@ -173,17 +137,22 @@ def test_every_target_input_and_frozen_table(small, target, token_rep, frozen_lo
     c = 1e-4
     ref = jax.jit(lambda p, b, m: clipping.VmapClipper(c, 4, trainable=trainable).clipped_sum(
         losses.make_pretraining_loss(graphdef, **kwargs), p, b, m, key))(params, batch, mask)
-    got = jax.jit(lambda p, b, m: ghost.TiedEmbeddingClipper(
-        c, 4, trainable=trainable).clipped_sum(
-        losses.make_factored_pretraining_loss(graphdef, **kwargs), p, b, m, key))(
-        params, batch, mask)
-    helpers.assert_trees_close(got[0], ref[0], rtol=1e-5, atol_frac=1e-6)
-    for k in ref[1]:
-        np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-6)
-    table = np.asarray(got[0]["bert"]["embeddings"]["word_embeddings"]["embedding"][...])
-    assert np.any(table != 0) == (not frozen_loss and trainable is None)
-    # Every example was clipped to norm C: the sum has norm <= 7 C.
-    assert 0.5 * c < float(clipping.global_norm(got[0])) <= 7 * c * (1 + 1e-5)
+    factored = losses.make_factored_pretraining_loss(graphdef, **kwargs)
+    for clipper in (ghost.TiedEmbeddingClipper(c, 4, trainable=trainable),
+                    mixed_ghost.MixedGhostClipper(c, 4, trainable=trainable,
+                                                  dense_norm=dense_norm)):
+        got = jax.jit(lambda p, b, m: clipper.clipped_sum(factored, p, b, m, key))(
+            params, batch, mask)
+        helpers.assert_trees_close(got[0], ref[0], rtol=1e-5, atol_frac=1e-6)
+        for k in ref[1]:
+            np.testing.assert_allclose(got[1][k], ref[1][k], rtol=1e-6)
+        table = np.asarray(got[0]["bert"]["embeddings"]["word_embeddings"]["embedding"][...])
+        assert np.any(table != 0) == (not frozen_loss)
+        emb = got[0]["bert"]["embeddings"]
+        assert np.any(np.asarray(emb["position_embeddings"]["embedding"]) != 0) == (
+            trainable is None)
+        # Every example was clipped to norm C: the sum has norm <= 7 C.
+        assert 0.5 * c < float(clipping.global_norm(got[0])) <= 7 * c * (1 + 1e-5)
 
 
 def test_frozen_table_either_way_takes_the_vmap_path(small):

@@ -152,3 +152,27 @@ def test_spreading_the_draw_over_devices_leaves_the_noise_bitwise_unchanged():
     assert layout((64, 24)).spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     assert layout((3, 16)).spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
     assert layout((7,)) is None
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (7, 3, 5), (4099,), (98, 32)])
+def test_fast_threefry_normal_is_jax_random_normal_bitwise(shape):
+    """The unrolled generator draws exactly jax.random.normal's values (raw and typed keys),
+    so the KS tests above are about the same numbers jax.random would give."""
+    fast_fn = jax.jit(lambda k: noise.threefry_normal(k, shape))
+    ref_fn = jax.jit(lambda k: jax.random.normal(k, shape, jnp.float32))
+    for key in (jax.random.PRNGKey(5), jax.random.key(123), jax.random.fold_in(
+            jax.random.PRNGKey(0), 2 ** 31 + 7)):
+        fast, ref = fast_fn(key), ref_fn(key)
+        assert fast.dtype == jnp.float32 and fast.shape == shape
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+
+
+def test_fast_threefry_normal_sharded_over_8_devices_is_the_same_draw():
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    key = jax.random.PRNGKey(9)
+    ref = np.asarray(jax.random.normal(key, (64, 40), jnp.float32))
+    sh = NamedSharding(mesh, P("data"))
+    with jax.set_mesh(mesh):
+        out = jax.jit(lambda k: noise.threefry_normal(k, (64, 40), sh))(key)
+    assert out.sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(out), ref)
