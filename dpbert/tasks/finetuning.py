@@ -149,6 +149,15 @@ def validate_common(task_name: str, config) -> InputMode:
     folder = pathlib.Path(m.init_from_hf)
     need(folder.is_dir() and (folder / "config.json").is_file(), "model.init_from_hf",
          m.init_from_hf, "not a Hugging Face BERT folder (no config.json there)")
+    try:
+        positions = int(json.loads((folder / "config.json").read_text())
+                        .get("max_position_embeddings", 512))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model.init_from_hf={m.init_from_hf!r}: config.json is not "
+                          f"readable JSON ({e})") from None
+    need(config.data.max_seq_length <= positions, "data.max_seq_length",
+         config.data.max_seq_length,
+         f"exceeds the checkpoint's max_position_embeddings ({positions})")
     mode = get_input_mode(config.privacy.mode)
     need(task_name in mode.tasks, "privacy.mode", config.privacy.mode,
          f"not available for the {task_name} task (it supports {list(mode.tasks)})")

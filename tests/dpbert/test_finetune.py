@@ -80,6 +80,23 @@ class Recording(classification.ClassificationTask):
         return data
 
 
+def test_mode_none_end_to_end_writes_results_and_a_loadable_hf_model(toy, tmp_path):
+    """The cheap end-to-end run (a few steps): what `launch/finetune.py` writes."""
+    results = finetuning.run(config(toy, **{"train.epochs": 0.0, "train.num_steps": 4,
+                                            "optimizer.warmup_fraction": None}), tmp_path)
+    assert results == json.loads((tmp_path / "results.json").read_text())
+    assert results["task"] == "classification" and results["steps"] == 4
+    assert 0 <= results["eval_accuracy"] <= 1 and results["eval_loss"] > 0
+    assert results["num_train_examples"] == 256 and results["num_eval_examples"] == 64
+    p = results["privacy"]
+    assert p["mode"] == "none" and p["eta"] is None and p["frozen"] == []
+    assert p["dp_sgd"] is None and "No differential-privacy guarantee" in p["dp_sgd_headline"]
+    model, info = transformers.BertForSequenceClassification.from_pretrained(
+        tmp_path / "hf", output_loading_info=True)
+    assert not any(info.values()) and model.config.num_labels == 2
+
+
+@pytest.mark.slow
 def test_token_rep_end_to_end_resume_export_and_frozen_phi(toy, tmp_path):
     workdir = tmp_path / "run"
     task = Recording()
@@ -201,6 +218,7 @@ def test_seq_rep_trains_the_head_only(toy, tmp_path):
                                                               ("classifier", "kernel")]
 
 
+@pytest.mark.slow
 def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     results = finetuning.finetune(classification.ClassificationTask(), config(toy, **{
         "dp.enabled": True, "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
@@ -228,6 +246,7 @@ def test_refused_configurations(toy, tmp_path):
         ({"model.init_from_hf": ""}, "model.init_from_hf"),
         ({"model.init_from_hf": str(tmp_path)}, "no config.json"),
         ({"data.eval": ""}, "config.data.eval is empty"),
+        ({"data.max_seq_length": 128}, "exceeds the checkpoint's max_position_embeddings"),
         ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
          "TIED word embedding"),
         ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
