@@ -266,3 +266,64 @@ def test_refused_configurations(toy, tmp_path):
     finally:
         finetuning._MODES.pop(mixing.name)
     assert input_privacy.MODES == finetuning.input_mode_names()
+
+
+# ----------------------------------------------------------------------------- NER
+
+
+def ner_config(toy, tmp_path, **overrides):
+    from configs import finetune_ner
+
+    train = fx.ner_conll(tmp_path / "train.conll", 40, seed=1)
+    test = fx.ner_conll(tmp_path / "test.conll", 10, seed=2)
+    c = finetune_ner.get_config()
+    values = {"model.init_from_hf": str(toy["ckpt"]), "data.train": str(train),
+              "data.eval": str(test), "data.max_seq_length": 16, "data.stride": 8,
+              "batch.expected_batch_size": 8, "batch.physical_batch_size": 8,
+              "optimizer.learning_rate": 1e-2, "checkpoint.async_save": False, **overrides}
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, tmp_path):
+    from dpbert.tasks import ner
+
+    c = finetuning.resolve_schedule(ner_config(toy, tmp_path), 40)
+    task = ner.NerTask()
+    data = task.prepare(c, tmp_path, np.array([1, 2], np.uint32))
+    assert data.train.num_examples == 40 and data.unit_definition.startswith("one document")
+    batch = data.train.get_batch(np.array([0, 5, 7]), step=0)
+    n, w, s = batch["input_ids"].shape
+    assert (n, s) == (3, 16) and batch["window_mask"].shape == (3, w) and w > 1
+    # A document's windows are all there; missing windows carry no label.
+    assert np.all(batch["labels"][batch["window_mask"] == 0] == finetuning.IGNORE_LABEL)
+    assert np.all(batch["window_mask"][:, 0] == 1)
+    # Eval: gold tags as the predictions (first piece of each word) give F1 = 1; one wrong
+    # entity lowers it.
+    ev = data.eval.get_batch(np.arange(data.eval.num_examples), step=0)
+    pred = np.where(ev["labels"] >= 0, ev["labels"], 0).astype(np.int32)
+    mask = np.ones(len(pred), bool)
+    out = {"pred": pred, "mask": mask, "loss_sum": 0.0, "token_count": 1.0}
+    perfect = task.eval_metrics([out])
+    assert perfect["f1"] == 1.0 and perfect["word_accuracy"] == 1.0
+    first = np.argwhere(ev["labels"] == data.extra["labels"].index("B-treatment"))[0]
+    worse = pred.copy()
+    worse[tuple(first)] = data.extra["labels"].index("B-problem")
+    assert task.eval_metrics([dict(out, pred=worse)])["f1"] < 1.0
+
+
+@pytest.mark.slow
+def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tmp_path):
+    results = finetuning.run(ner_config(toy, tmp_path, **{"train.epochs": 15.0}),
+                             tmp_path / "w")
+    assert results["task"] == "ner" and results["num_train_examples"] == 40
+    assert results["eval_f1"] >= 0.6, results
+    assert "one document" in results["privacy"]["privacy_unit"]
+    model, info = transformers.BertForTokenClassification.from_pretrained(
+        tmp_path / "w" / "hf", output_loading_info=True)
+    assert not any(info.values()) and model.config.num_labels == len(results["labels"])
