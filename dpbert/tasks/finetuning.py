@@ -39,6 +39,8 @@ from dpbert import input_privacy
 from dpbert.errors import ConfigError
 
 RESULTS_FILE = "results.json"
+# Fields of an input mode's report that results.json's privacy block repeats at its top level.
+REPORTED_FIELDS = ("variant", "epsilon_claimed", "epsilon_true")
 IGNORE_LABEL = -100
 
 
@@ -80,6 +82,11 @@ class InputMode:
         return None
 
     def eval_logits(self, task, graphdef, config) -> Callable | None:
+        return None
+
+    def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
+        """WORKDIR/hf when the trained model is not a plain HF task model (None = the task's
+        own Hugging Face export)."""
         return None
 
 
@@ -379,8 +386,10 @@ def finetune(task, config, workdir, *, devices=None) -> dict:
                "labels": run["labels"], "schedule": schedule_report(config, num_train),
                "steps": report["steps"],
                "privacy": {"mode": config.privacy.mode,
-                           "eta": None if config.privacy.mode == "none"
-                           else float(config.privacy.eta),
+                           "eta": float(config.privacy.eta)
+                           if config.privacy.mode in input_privacy.MODES[1:] else None,
+                           **{k: run["input_privacy"][k] for k in REPORTED_FIELDS
+                              if k in run["input_privacy"]},
                            "frozen": run["input_privacy"]["frozen"],
                            "input_privacy": run["input_privacy"],
                            "privacy_unit": run["unit_definition"],
@@ -490,6 +499,9 @@ class FineTuningTask:
         from dpbert import heads, hf_heads  # noqa: PLC0415
         from dpbert import model as model_lib  # noqa: PLC0415
 
+        custom = get_input_mode(run["input_privacy"]["mode"]).export(params, run, out, report)
+        if custom is not None:
+            return custom
         vocab = workdir / run["vocab_file"]
         if not vocab.is_file() or tokenization.vocab_fingerprint(vocab) != run["vocab_sha256"]:
             raise ConfigError(f"{vocab}: missing or not the vocabulary this run trained with "
@@ -513,3 +525,8 @@ def run(config, workdir, *, devices=None) -> dict:
         raise ConfigError(f"config.task={config.get('task')!r}: must be 'classification' or "
                           "'ner' (use configs/finetune_*.py)")
     return finetune(type(tasks.get_task(config.task))(), config, workdir, devices=devices)
+
+
+# The representation-privacy modes (OME) register themselves; imported last (they subclass
+# InputMode from this module).
+from dpbert.tasks import representation_modes  # noqa: E402,F401

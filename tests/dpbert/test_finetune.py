@@ -247,6 +247,10 @@ def test_refused_configurations(toy, tmp_path):
         ({"model.init_from_hf": str(tmp_path)}, "no config.json"),
         ({"data.eval": ""}, "config.data.eval is empty"),
         ({"data.max_seq_length": 128}, "exceeds the checkpoint's max_position_embeddings"),
+        ({"privacy.mode": "ome", "privacy.epsilon": 0.0}, "privacy.epsilon=0.0"),
+        ({"privacy.mode": "ome", "privacy.ome_variant": "paper"}, "privacy.ome_variant"),
+        ({"privacy.mode": "ome", "privacy.ome_lambda": 0.5}, "privacy.ome_lambda"),
+        ({"privacy.mode": "ome", "privacy.fresh_noise_each_epoch": True}, "fresh noise"),
         ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
          "TIED word embedding"),
         ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
@@ -265,7 +269,7 @@ def test_refused_configurations(toy, tmp_path):
                 tmp_path / "w")
     finally:
         finetuning._MODES.pop(mixing.name)
-    assert input_privacy.MODES == finetuning.input_mode_names()
+    assert finetuning.input_mode_names() == (*input_privacy.MODES, "ome")
 
 
 # ----------------------------------------------------------------------------- NER
@@ -327,3 +331,62 @@ def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tm
     model, info = transformers.BertForTokenClassification.from_pretrained(
         tmp_path / "w" / "hf", output_loading_info=True)
     assert not any(info.values()) and model.config.num_labels == len(results["labels"])
+
+
+# ----------------------------------------------------------------------------- OME (issue 13)
+
+
+def test_ome_releases_randomized_bits_once_and_reports_claimed_and_true_epsilon(toy, tmp_path):
+    from dpbert import ome
+
+    c = finetuning.resolve_schedule(config(toy, **{
+        "privacy.mode": "ome", "privacy.epsilon": 1.0, "privacy.ome_lambda": 100.0}), 256)
+    task = classification.ClassificationTask()
+    key = np.array([7, 8], np.uint32)
+    data = task.prepare(c, tmp_path, key)
+    rows = np.arange(256)
+    first = data.train.get_batch(rows, step=0)
+    # The service sees r·l bits and the label, nothing else; the same bits in every epoch and
+    # for the same key, others for another key; eval released too.
+    assert set(first) == {"features", "label"} and first["features"].shape == (256, 32 * 10)
+    assert set(np.unique(first["features"])) <= {0.0, 1.0}
+    assert digest(first) == digest(data.train.get_batch(rows, step=40))
+    assert digest(first) == digest(task.prepare(c, tmp_path, key).train.get_batch(rows, step=0))
+    other = task.prepare(c, tmp_path, np.array([7, 9], np.uint32))
+    assert digest(first) != digest(other.train.get_batch(rows, step=0))
+    assert data.eval.get_batch(np.arange(64), step=0)["features"].shape == (64, 320)
+    # The head reads the bits; the encoder is frozen (only the classifier trains).
+    model = data.extra["model"]
+    assert model.classifier.kernel.shape == (320, 2)
+    trainable = task.trainable(c)
+    assert trainable(("classifier", "kernel"), None) and not trainable(("bert", "pooler"), None)
+    r = data.extra["input_privacy"]
+    want = ome.OME(eps=1.0, lam=100.0, r=32).privacy_report()
+    assert r["epsilon_claimed"] == 1.0 and r["epsilon_true"] == want["epsilon_true"] > 100
+    assert "claimed ε = 1" in r["statement"] and f"{r['epsilon_true']:.6g}" in r["statement"]
+    # The calibrated variant's true ε is the requested one.
+    cal = classification.ClassificationTask().prepare(finetuning.resolve_schedule(config(toy, **{
+        "privacy.mode": "ome", "privacy.ome_variant": "calibrated", "privacy.epsilon": 5.0}),
+        256), tmp_path, key).extra["input_privacy"]
+    assert cal["epsilon_claimed"] == 5.0 and cal["epsilon_true"] == pytest.approx(5.0)
+
+
+@pytest.mark.slow
+def test_ome_end_to_end_results_and_card_carry_both_epsilons(toy, tmp_path):
+    results = finetuning.run(config(toy, **{
+        "privacy.mode": "ome", "privacy.epsilon": 1.0, "privacy.ome_lambda": 100.0,
+        "train.epochs": 1.0}), tmp_path)
+    p = results["privacy"]
+    assert p["mode"] == "ome" and p["eta"] is None and p["variant"] == "published"
+    assert p["epsilon_claimed"] == 1.0 and p["epsilon_true"] > 100
+    assert p["frozen"] == ["bert (embeddings, encoder, pooler)"]
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "epsilon_true" in card and "epsilon_claimed" in card
+    settings = json.loads((tmp_path / "hf" / "ome_config.json").read_text())
+    head = load_file(str(tmp_path / "hf" / "ome_head.safetensors"))
+    assert head["classifier.weight"].shape == (2, 320) and settings["labels"] == ["0", "1"]
+    # The frozen encoder is bitwise the starting checkpoint.
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    for k, v in leaves(final_params(tmp_path)[0]).items():
+        if k[0] == "bert":
+            np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]))
