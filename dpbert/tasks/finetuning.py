@@ -440,6 +440,8 @@ class FineTuningTask:
         model = load_model(config, self.model_kind, loaded.labels)
         mode = get_input_mode(config.privacy.mode)
         user = mode.user_side(config, model, vocab_file)
+        # What a mode's loss / eval may need (TextHide: the secret pool, the label count).
+        self.user_side, self.labels = user, loaded.labels
         train, eval_ = release_splits(config, user, loaded.train, loaded.eval, task_key,
                                       num_train=loaded.num_train, groups=loaded.groups)
         report = user.report(epochs=epochs_seen(config, loaded.num_train),
