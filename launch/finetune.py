@@ -3,11 +3,14 @@ r"""Fine-tunes a BERT checkpoint for classification or NER, with input privacy a
     python launch/finetune.py --config=configs/finetune_classification.py --workdir=W \
         --config.model.init_from_hf=HF_FOLDER --config.data.train=TRAIN.tsv \
         --config.data.eval=EVAL.tsv [--config.privacy.mode=text_to_text --config.privacy.eta=75]
+        [--config.privacy.mode=ome --config.privacy.epsilon=1 --config.privacy.ome_lambda=100]
+        [--config.privacy.mode=texthide --config.privacy.m=256 --config.privacy.k=4]
+        [--config.dp.enabled=True --config.dp.target_epsilon=8]
     python launch/finetune.py --config=configs/finetune_ner.py --workdir=W \
         --config.model.init_from_hf=HF_FOLDER [--config.data.fold=2]
 
 Writes W/results.json (held-out metrics, the schedule, the privacy statement), W/hf (Hugging
-Face format), TensorBoard and metrics.jsonl; rerunning the same command resumes from the newest
+Face format; for ome and TextHide's MLP head a documented safetensors folder), TensorBoard and metrics.jsonl; rerunning the same command resumes from the newest
 checkpoint. Everything else lives in the library: `dpbert.tasks.finetuning.run(config,
 workdir)`, the fine-tuning tasks on the DP loop (`dpbert.loop`).
 """
