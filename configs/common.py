@@ -365,7 +365,9 @@ def finetune_config() -> ml_collections.ConfigDict:
     c.privacy = ml_collections.ConfigDict()
     # none (raw text) | token_rep (a noisy embedding per token; the word embeddings are frozen)
     # | text_to_text (the nearest vocabulary token to it) | seq_rep (a noisy sentence vector
-    # from the frozen encoder; the head alone trains; classification only).
+    # from the frozen encoder; the head alone trains; classification only) | ome (randomized
+    # bits of the frozen encoder's sentence vector, below; classification only) | texthide
+    # (mixed and sign-masked sentence representations in training, below).
     c.privacy.mode = "none"
     # η of dχ-privacy (larger = less noise; noise norm ~ Gamma(n, 1/η), mean n/η for embedding
     # width n). For MiniLM (n = 384) the text_to_text inversion accuracy on RT is about
@@ -381,6 +383,30 @@ def finetune_config() -> ml_collections.ConfigDict:
     c.privacy.tokens_per_call = 4096
     c.privacy.examples_per_call = 256
     c.privacy.chunk_size = 4096
+    # Mode ome (Lyu et al. 2020; classification only): the users release their frozen
+    # encoder's sentence representation (privacy.seq_rep_source), z-scored and randomized as
+    # r x 10 bits; the service trains a linear head on the bits. privacy.epsilon is the
+    # requested ε; ome_variant "published" uses Theorem 1's p, q with ome_lambda = λ (its ε
+    # holds only at λ = 1: results.json and the card give epsilon_claimed AND the exact
+    # epsilon_true), "calibrated" makes the true ε equal privacy.epsilon.
+    c.privacy.epsilon = 1.0
+    c.privacy.ome_variant = "published"
+    c.privacy.ome_lambda = 1.0
+    # Mode texthide (Huang et al. 2020; classification, not with DP-SGD): every training step
+    # mixes k pooled representations of the physical batch and flips their signs with one of
+    # m secret masks (m = 0: no masks, -1: a fresh mask each time); variant "intra", or
+    # "inter" with public sentences (privacy.public_file, a label<TAB>text file whose labels
+    # are ignored) in the even slots; label_mode "paper" or "code" (the official code's
+    # labels for those rows).
+    c.privacy.m = 256
+    c.privacy.k = 4
+    c.privacy.variant = "intra"
+    c.privacy.label_mode = "paper"
+    c.privacy.public_file = ""
+    # TextHide's head: "mlp" (the paper's 3 x (Dense(d) + tanh) + Dense(C); WORKDIR/hf then
+    # holds all weights as safetensors, not a transformers folder) or "linear" (HF's
+    # classifier, a BertForSequenceClassification export; cannot serve m > 1 masks well).
+    c.privacy.texthide_head = "mlp"
 
     # DP-SGD on the downstream set (its own (ε, δ), privacy unit: one training example as the
     # task defines it). Off by default: the downstream data is protected by the input privacy.

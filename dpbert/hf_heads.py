@@ -200,8 +200,10 @@ def save_task_model(model: nnx.Module, path: str | os.PathLike, vocab_file: str 
 
 def input_privacy_card_section(report: Mapping[str, Any]) -> str:
     """Markdown for the model card: what the users' input privacy was during fine-tuning."""
-    lines = ["## Input privacy during fine-tuning (dχ, Qu et al. 2021)", ""]
     mode = report.get("mode", "none")
+    lines = ["## Input privacy during fine-tuning (dχ, Qu et al. 2021)" if mode in (
+        "none", "token_rep", "text_to_text", "seq_rep") else
+        f"## Representation privacy during fine-tuning ({mode})", ""]
     if mode == "none":
         lines.append("The fine-tuning data was not privatized (mode `none`): the service saw the "
                      "raw text.")

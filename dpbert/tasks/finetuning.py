@@ -39,6 +39,8 @@ from dpbert import input_privacy
 from dpbert.errors import ConfigError
 
 RESULTS_FILE = "results.json"
+# Fields of an input mode's report that results.json's privacy block repeats at its top level.
+REPORTED_FIELDS = ("variant", "epsilon_claimed", "epsilon_true")
 IGNORE_LABEL = -100
 
 
@@ -80,6 +82,11 @@ class InputMode:
         return None
 
     def eval_logits(self, task, graphdef, config) -> Callable | None:
+        return None
+
+    def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
+        """WORKDIR/hf when the trained model is not a plain HF task model (None = the task's
+        own Hugging Face export)."""
         return None
 
 
@@ -149,6 +156,15 @@ def validate_common(task_name: str, config) -> InputMode:
     folder = pathlib.Path(m.init_from_hf)
     need(folder.is_dir() and (folder / "config.json").is_file(), "model.init_from_hf",
          m.init_from_hf, "not a Hugging Face BERT folder (no config.json there)")
+    try:
+        positions = int(json.loads((folder / "config.json").read_text())
+                        .get("max_position_embeddings", 512))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model.init_from_hf={m.init_from_hf!r}: config.json is not "
+                          f"readable JSON ({e})") from None
+    need(config.data.max_seq_length <= positions, "data.max_seq_length",
+         config.data.max_seq_length,
+         f"exceeds the checkpoint's max_position_embeddings ({positions})")
     mode = get_input_mode(config.privacy.mode)
     need(task_name in mode.tasks, "privacy.mode", config.privacy.mode,
          f"not available for the {task_name} task (it supports {list(mode.tasks)})")
@@ -370,8 +386,10 @@ def finetune(task, config, workdir, *, devices=None) -> dict:
                "labels": run["labels"], "schedule": schedule_report(config, num_train),
                "steps": report["steps"],
                "privacy": {"mode": config.privacy.mode,
-                           "eta": None if config.privacy.mode == "none"
-                           else float(config.privacy.eta),
+                           "eta": float(config.privacy.eta)
+                           if config.privacy.mode in input_privacy.MODES[1:] else None,
+                           **{k: run["input_privacy"][k] for k in REPORTED_FIELDS
+                              if k in run["input_privacy"]},
                            "frozen": run["input_privacy"]["frozen"],
                            "input_privacy": run["input_privacy"],
                            "privacy_unit": run["unit_definition"],
@@ -422,6 +440,8 @@ class FineTuningTask:
         model = load_model(config, self.model_kind, loaded.labels)
         mode = get_input_mode(config.privacy.mode)
         user = mode.user_side(config, model, vocab_file)
+        # What a mode's loss / eval may need (TextHide: the secret pool, the label count).
+        self.user_side, self.labels = user, loaded.labels
         train, eval_ = release_splits(config, user, loaded.train, loaded.eval, task_key,
                                       num_train=loaded.num_train, groups=loaded.groups)
         report = user.report(epochs=epochs_seen(config, loaded.num_train),
@@ -481,6 +501,9 @@ class FineTuningTask:
         from dpbert import heads, hf_heads  # noqa: PLC0415
         from dpbert import model as model_lib  # noqa: PLC0415
 
+        custom = get_input_mode(run["input_privacy"]["mode"]).export(params, run, out, report)
+        if custom is not None:
+            return custom
         vocab = workdir / run["vocab_file"]
         if not vocab.is_file() or tokenization.vocab_fingerprint(vocab) != run["vocab_sha256"]:
             raise ConfigError(f"{vocab}: missing or not the vocabulary this run trained with "
@@ -504,3 +527,8 @@ def run(config, workdir, *, devices=None) -> dict:
         raise ConfigError(f"config.task={config.get('task')!r}: must be 'classification' or "
                           "'ner' (use configs/finetune_*.py)")
     return finetune(type(tasks.get_task(config.task))(), config, workdir, devices=devices)
+
+
+# The representation-privacy modes (OME) register themselves; imported last (they subclass
+# InputMode from this module).
+from dpbert.tasks import representation_modes  # noqa: E402,F401

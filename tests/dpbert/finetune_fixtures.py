@@ -26,8 +26,8 @@ def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32) ->
     from dpbert import model as model_lib
 
     folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = folder / "vocab_src.txt"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    vocab = folder.parent / f"{folder.name}.vocab_src.txt"  # the export refuses a non-HF folder
     vocab.write_text("\n".join(VOCAB) + "\n")
     config = model_lib.BertConfig(
         vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,

@@ -80,6 +80,23 @@ class Recording(classification.ClassificationTask):
         return data
 
 
+def test_mode_none_end_to_end_writes_results_and_a_loadable_hf_model(toy, tmp_path):
+    """The cheap end-to-end run (a few steps): what `launch/finetune.py` writes."""
+    results = finetuning.run(config(toy, **{"train.epochs": 0.0, "train.num_steps": 4,
+                                            "optimizer.warmup_fraction": None}), tmp_path)
+    assert results == json.loads((tmp_path / "results.json").read_text())
+    assert results["task"] == "classification" and results["steps"] == 4
+    assert 0 <= results["eval_accuracy"] <= 1 and results["eval_loss"] > 0
+    assert results["num_train_examples"] == 256 and results["num_eval_examples"] == 64
+    p = results["privacy"]
+    assert p["mode"] == "none" and p["eta"] is None and p["frozen"] == []
+    assert p["dp_sgd"] is None and "No differential-privacy guarantee" in p["dp_sgd_headline"]
+    model, info = transformers.BertForSequenceClassification.from_pretrained(
+        tmp_path / "hf", output_loading_info=True)
+    assert not any(info.values()) and model.config.num_labels == 2
+
+
+@pytest.mark.slow
 def test_token_rep_end_to_end_resume_export_and_frozen_phi(toy, tmp_path):
     workdir = tmp_path / "run"
     task = Recording()
@@ -201,6 +218,7 @@ def test_seq_rep_trains_the_head_only(toy, tmp_path):
                                                               ("classifier", "kernel")]
 
 
+@pytest.mark.slow
 def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     results = finetuning.finetune(classification.ClassificationTask(), config(toy, **{
         "dp.enabled": True, "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
@@ -228,6 +246,16 @@ def test_refused_configurations(toy, tmp_path):
         ({"model.init_from_hf": ""}, "model.init_from_hf"),
         ({"model.init_from_hf": str(tmp_path)}, "no config.json"),
         ({"data.eval": ""}, "config.data.eval is empty"),
+        ({"data.max_seq_length": 128}, "exceeds the checkpoint's max_position_embeddings"),
+        ({"privacy.mode": "ome", "privacy.epsilon": 0.0}, "privacy.epsilon=0.0"),
+        ({"privacy.mode": "ome", "privacy.ome_variant": "paper"}, "privacy.ome_variant"),
+        ({"privacy.mode": "ome", "privacy.ome_lambda": 0.5}, "privacy.ome_lambda"),
+        ({"privacy.mode": "ome", "privacy.fresh_noise_each_epoch": True}, "fresh noise"),
+        ({"privacy.mode": "texthide", "dp.enabled": True, "dp.noise_multiplier": 1.0},
+         "mixes examples, so per-example clipping"),
+        ({"privacy.mode": "texthide", "privacy.k": 0}, "k must be a positive integer"),
+        ({"privacy.mode": "texthide", "privacy.variant": "inter"}, "privacy.public_file"),
+        ({"privacy.mode": "texthide", "privacy.k": 32}, "mixes k = 32 examples"),
         ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
          "TIED word embedding"),
         ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
@@ -246,4 +274,201 @@ def test_refused_configurations(toy, tmp_path):
                 tmp_path / "w")
     finally:
         finetuning._MODES.pop(mixing.name)
-    assert input_privacy.MODES == finetuning.input_mode_names()
+    assert finetuning.input_mode_names() == (*input_privacy.MODES, "ome", "texthide")
+
+
+# ----------------------------------------------------------------------------- NER
+
+
+def ner_config(toy, tmp_path, **overrides):
+    from configs import finetune_ner
+
+    train = fx.ner_conll(tmp_path / "train.conll", 40, seed=1)
+    test = fx.ner_conll(tmp_path / "test.conll", 10, seed=2)
+    c = finetune_ner.get_config()
+    values = {"model.init_from_hf": str(toy["ckpt"]), "data.train": str(train),
+              "data.eval": str(test), "data.max_seq_length": 16, "data.stride": 8,
+              "batch.expected_batch_size": 8, "batch.physical_batch_size": 8,
+              "optimizer.learning_rate": 1e-2, "checkpoint.async_save": False, **overrides}
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, tmp_path):
+    from dpbert.tasks import ner
+
+    c = finetuning.resolve_schedule(ner_config(toy, tmp_path), 40)
+    task = ner.NerTask()
+    data = task.prepare(c, tmp_path, np.array([1, 2], np.uint32))
+    assert data.train.num_examples == 40 and data.unit_definition.startswith("one document")
+    batch = data.train.get_batch(np.array([0, 5, 7]), step=0)
+    n, w, s = batch["input_ids"].shape
+    assert (n, s) == (3, 16) and batch["window_mask"].shape == (3, w) and w > 1
+    # A document's windows are all there; missing windows carry no label.
+    assert np.all(batch["labels"][batch["window_mask"] == 0] == finetuning.IGNORE_LABEL)
+    assert np.all(batch["window_mask"][:, 0] == 1)
+    # Eval: gold tags as the predictions (first piece of each word) give F1 = 1; one wrong
+    # entity lowers it.
+    ev = data.eval.get_batch(np.arange(data.eval.num_examples), step=0)
+    pred = np.where(ev["labels"] >= 0, ev["labels"], 0).astype(np.int32)
+    mask = np.ones(len(pred), bool)
+    out = {"pred": pred, "mask": mask, "loss_sum": 0.0, "token_count": 1.0}
+    perfect = task.eval_metrics([out])
+    assert perfect["f1"] == 1.0 and perfect["word_accuracy"] == 1.0
+    first = np.argwhere(ev["labels"] == data.extra["labels"].index("B-treatment"))[0]
+    worse = pred.copy()
+    worse[tuple(first)] = data.extra["labels"].index("B-problem")
+    assert task.eval_metrics([dict(out, pred=worse)])["f1"] < 1.0
+
+
+@pytest.mark.slow
+def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tmp_path):
+    results = finetuning.run(ner_config(toy, tmp_path, **{"train.epochs": 15.0}),
+                             tmp_path / "w")
+    assert results["task"] == "ner" and results["num_train_examples"] == 40
+    assert results["eval_f1"] >= 0.6, results
+    assert "one document" in results["privacy"]["privacy_unit"]
+    model, info = transformers.BertForTokenClassification.from_pretrained(
+        tmp_path / "w" / "hf", output_loading_info=True)
+    assert not any(info.values()) and model.config.num_labels == len(results["labels"])
+
+
+# ----------------------------------------------------------------------------- OME (issue 13)
+
+
+def test_ome_releases_randomized_bits_once_and_reports_claimed_and_true_epsilon(toy, tmp_path):
+    from dpbert import ome
+
+    c = finetuning.resolve_schedule(config(toy, **{
+        "privacy.mode": "ome", "privacy.epsilon": 1.0, "privacy.ome_lambda": 100.0}), 256)
+    task = classification.ClassificationTask()
+    key = np.array([7, 8], np.uint32)
+    data = task.prepare(c, tmp_path, key)
+    rows = np.arange(256)
+    first = data.train.get_batch(rows, step=0)
+    # The service sees r·l bits and the label, nothing else; the same bits in every epoch and
+    # for the same key, others for another key; eval released too.
+    assert set(first) == {"features", "label"} and first["features"].shape == (256, 32 * 10)
+    assert set(np.unique(first["features"])) <= {0.0, 1.0}
+    assert digest(first) == digest(data.train.get_batch(rows, step=40))
+    assert digest(first) == digest(task.prepare(c, tmp_path, key).train.get_batch(rows, step=0))
+    other = task.prepare(c, tmp_path, np.array([7, 9], np.uint32))
+    assert digest(first) != digest(other.train.get_batch(rows, step=0))
+    assert data.eval.get_batch(np.arange(64), step=0)["features"].shape == (64, 320)
+    # The head reads the bits; the encoder is frozen (only the classifier trains).
+    model = data.extra["model"]
+    assert model.classifier.kernel.shape == (320, 2)
+    trainable = task.trainable(c)
+    assert trainable(("classifier", "kernel"), None) and not trainable(("bert", "pooler"), None)
+    r = data.extra["input_privacy"]
+    want = ome.OME(eps=1.0, lam=100.0, r=32).privacy_report()
+    assert r["epsilon_claimed"] == 1.0 and r["epsilon_true"] == want["epsilon_true"] > 100
+    assert "claimed ε = 1" in r["statement"] and f"{r['epsilon_true']:.6g}" in r["statement"]
+    # The calibrated variant's true ε is the requested one.
+    cal = classification.ClassificationTask().prepare(finetuning.resolve_schedule(config(toy, **{
+        "privacy.mode": "ome", "privacy.ome_variant": "calibrated", "privacy.epsilon": 5.0}),
+        256), tmp_path, key).extra["input_privacy"]
+    assert cal["epsilon_claimed"] == 5.0 and cal["epsilon_true"] == pytest.approx(5.0)
+
+
+@pytest.mark.slow
+def test_ome_end_to_end_results_and_card_carry_both_epsilons(toy, tmp_path):
+    results = finetuning.run(config(toy, **{
+        "privacy.mode": "ome", "privacy.epsilon": 1.0, "privacy.ome_lambda": 100.0,
+        "train.epochs": 1.0}), tmp_path)
+    p = results["privacy"]
+    assert p["mode"] == "ome" and p["eta"] is None and p["variant"] == "published"
+    assert p["epsilon_claimed"] == 1.0 and p["epsilon_true"] > 100
+    assert p["frozen"] == ["bert (embeddings, encoder, pooler)"]
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "epsilon_true" in card and "epsilon_claimed" in card
+    settings = json.loads((tmp_path / "hf" / "ome_config.json").read_text())
+    head = load_file(str(tmp_path / "hf" / "ome_head.safetensors"))
+    assert head["classifier.weight"].shape == (2, 320) and settings["labels"] == ["0", "1"]
+    # The frozen encoder is bitwise the starting checkpoint.
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    for k, v in leaves(final_params(tmp_path)[0]).items():
+        if k[0] == "bert":
+            np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]))
+
+
+# ----------------------------------------------------------------------------- TextHide
+
+
+def _texthide_task(toy, tmp_path, key, **privacy):
+    """The prepared texthide task, its config and data (dropout off)."""
+    over = {"model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0,
+            "model.classifier_dropout": 0.0, "privacy.mode": "texthide",
+            "privacy.texthide_head": "linear",
+            **{f"privacy.{k}": v for k, v in privacy.items()}}
+    c = finetuning.resolve_schedule(config(toy, **over), 256)
+    task = classification.ClassificationTask()
+    return task, c, task.prepare(c, tmp_path, key)
+
+
+def _losses(task, c, data, *, plain: bool):
+    """The texthide batch loss (and the plain one) of one batch, jitted."""
+    from flax import nnx
+
+    from dpbert.dp import clipping
+
+    graphdef, params = nnx.split(data.extra["model"])
+    batch = {k: v for k, v in data.train.get_batch(np.arange(16), step=0).items()
+             if k != "example_id"}
+    args = (params, batch, np.ones(16, bool), jax.random.split(jax.random.PRNGKey(3), 16))
+    out = [jax.jit(task.loss(graphdef, c, "batch"))(*args)]
+    if plain:
+        out.append(jax.jit(clipping.batch_loss(task.example_loss(graphdef,
+                                                                 deterministic=False)))(*args))
+    return out
+
+
+def test_texthide_m0_k1_is_plain_fine_tuning_and_the_pool_comes_from_the_secret_key(toy,
+                                                                                  tmp_path):
+    key = np.array([5, 6], np.uint32)
+    (h_loss, h_m), (p_loss, p_m) = _losses(*_texthide_task(toy, tmp_path, key, m=0, k=1),
+                                           plain=True)
+    np.testing.assert_allclose(h_loss, p_loss, rtol=1e-5)
+    assert float(h_m["correct"]) == float(p_m["correct"]) and float(h_m["count"]) == 16
+    task, c, data = _texthide_task(toy, tmp_path, key, m=8, k=4)
+    (mixed, _), = _losses(task, c, data, plain=False)
+    assert abs(float(mixed) - float(p_loss)) > 1e-3            # mixing and masks do act
+    pool = task.user_side.pool()
+    assert pool.masks.shape == (8, 32) and set(np.unique(pool.masks)) == {-1.0, 1.0}
+    np.testing.assert_array_equal(pool.masks, task.user_side.pool().masks)
+    other, _, other_data = _texthide_task(toy, tmp_path, np.array([5, 7], np.uint32), m=8,
+                                          k=4, texthide_head="mlp")
+    assert not np.array_equal(pool.masks, other.user_side.pool().masks)
+    assert hasattr(other_data.extra["model"].classifier, "head")   # the paper's MLP head
+    r = task.user_side.report(epochs=1)
+    assert r["m"] == 8 and r["k"] == 4 and r["epsilon"] is None and "NOT differential" in \
+        r["statement"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["intra", "inter"])
+def test_texthide_end_to_end_learns_and_reports_no_epsilon(toy, tmp_path, variant):
+    public, _ = fx.sentiment_tsvs(tmp_path / "public", n_train=128, n_eval=8)
+    results = finetuning.run(config(toy, **{
+        "privacy.mode": "texthide", "privacy.m": 4, "privacy.k": 2, "privacy.variant": variant,
+        "privacy.public_file": str(public), "train.epochs": 12.0,
+        "optimizer.learning_rate": 2e-3, "dp.insecure_seeded_noise": True}), tmp_path / "w")
+    p = results["privacy"]
+    assert p["mode"] == "texthide" and p["eta"] is None and p["dp_sgd"] is None
+    assert p["input_privacy"]["variant"] == variant and p["input_privacy"]["epsilon"] is None
+    if variant == "intra":
+        # (inter did not beat chance on this toy in 12 epochs: its even slots are public
+        # sentences whose weight the head must learn to ignore; not asserted here)
+        assert results["eval_accuracy"] >= 0.65, results["eval_accuracy"]
+    else:
+        assert p["input_privacy"]["public_file"].endswith("train.tsv")
+    card = (tmp_path / "w" / "hf" / "README.md").read_text()
+    assert "TextHide" in card and "NOT differential privacy" in card
+    tensors = load_file(str(tmp_path / "w" / "hf" / "texthide_model.safetensors"))
+    assert any(k.startswith("classifier/head/") for k in tensors)
+    assert any(k.startswith("bert/") for k in tensors)
