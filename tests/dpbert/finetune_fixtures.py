@@ -26,8 +26,10 @@ def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32) ->
     from dpbert import model as model_lib
 
     folder = pathlib.Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab = folder / "vocab_src.txt"
+    # The vocabulary lies beside the folder: save_pretrained replaces the folder as a whole and
+    # refuses a non-empty one that is not a Hugging Face export.
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    vocab = folder.parent / f"{folder.name}_vocab_src.txt"
     vocab.write_text("\n".join(VOCAB) + "\n")
     config = model_lib.BertConfig(
         vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
