@@ -12,7 +12,7 @@ from configs import common
 
 
 def get_config(arg: str | None = None):
-    del arg
+    common.parse_arg(arg, {}, config="configs/finetune_ner.py")  # takes none
     c = common.finetune_config()
     # The task on the DP loop (dpbert.tasks): what launch/finetune.py runs.
     c.task = "ner"

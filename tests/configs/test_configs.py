@@ -16,7 +16,8 @@ def _get(name, arg=None):
 
 
 def test_every_config_loads_without_arg():
-    assert CONFIGS == ["demo_dp", "mimic_dp", "privacy_adaptive", "wiki_books"]
+    assert CONFIGS == ["demo_dp", "finetune_classification", "finetune_ner", "mimic_dp",
+                       "privacy_adaptive", "wiki_books"]
     for name in CONFIGS:
         _get(name)
 
