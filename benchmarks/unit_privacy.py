@@ -21,8 +21,10 @@ intervals (compilation excluded). For the per-patient runs the script also measu
 final parameters, each unit's gradient norm before clipping under the mean and under the sum,
 and how many units C clips. The text states what the per-sequence ε means for a whole patient:
 group privacy over the most sequences one patient has. --write puts the section
-"Privacy unit: per sequence vs per patient" into BENCHMARKS.md. About 8 minutes on 2 busy CPU
-cores with the defaults (17 with a test suite running beside it).
+"Privacy unit: per sequence vs per patient" (or --section) into BENCHMARKS.md. Measured on 2
+shared CPU cores: the defaults (4 runs of 100 steps) 17 minutes with a test suite beside them,
+3 runs of 300 steps 17 minutes; a run costs about 1.5 minutes (data, PLD calibration,
+compilation) plus 0.5-0.9 s per step. `--runs=example,patient_mean --steps=40` takes ~5.
 """
 
 from __future__ import annotations
