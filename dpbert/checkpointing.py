@@ -138,6 +138,9 @@ class Checkpointer:
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta))), force=True)
 
+    def delete(self, step: int) -> None:
+        self._manager.delete(step)
+
     def read_meta(self, step: int) -> dict[str, Any]:
         out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(out["meta"])

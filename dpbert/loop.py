@@ -336,6 +336,11 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
         _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
+    # A damaged step is retrained from the one before; its remains would keep the new save
+    # of that step from being written (a step that exists is not saved again).
+    for step in sorted(s for s in damaged if s in ckpt.all_steps()):
+        logging.warning("deleting the damaged checkpoint step %d (it is trained again)", step)
+        ckpt.delete(step)
 
     b = config.batch
     rows = sharding.host_rows(b.physical_batch_size, sharding.batch_sharding(mesh))

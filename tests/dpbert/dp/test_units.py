@@ -104,6 +104,7 @@ def test_a_unit_with_k_examples_contributes_at_most_c():
 VOCAB, SEQ, PREDS = 60, 12, 3
 
 
+@pytest.mark.slow  # ~25 s on 2 busy cores (compiling the ghost clipper and the loop)
 def test_ghost_unit_clipped_sum_equals_brute_force_loop_over_units():
     """The tied-embedding ghost clipper on UnitFactoredLoss (a unit's factors concatenated:
     repeated rows across its examples collide in the norm) equals the loop over units; C below
