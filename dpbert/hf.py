@@ -184,6 +184,22 @@ def read_state_dict(weights: pathlib.Path) -> dict[str, np.ndarray]:
     return {k: v.detach().to(torch.float32).numpy() for k, v in sd.items()}
 
 
+def read_config(folder: pathlib.Path, *, dtype: str = "float32"
+                ) -> tuple[dict[str, Any], model_lib.BertConfig]:
+    """(config.json as a dict, its BertConfig) of a HF BERT folder; CheckpointError naming the
+    file when the folder, the file or its JSON is missing or malformed."""
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
+    return hf_config, config_from_hf(hf_config, str(config_file), dtype=dtype)
+
+
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
                     ) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig]:
     """Loads a HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining layouts).
@@ -194,16 +210,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: in
     the key.
     """
     folder = pathlib.Path(path)
-    config_file = folder / "config.json"
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
-    try:
-        hf_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
-    config = config_from_hf(hf_config, str(config_file), dtype=dtype)
+    hf_config, config = read_config(folder, dtype=dtype)
     weights = _find_weights(folder)
     source = {_normalise_source_key(k): v for k, v in read_state_dict(weights).items()}
     # A BertModel checkpoint has no `bert.` prefix; the heads never do.

@@ -87,15 +87,7 @@ def load_task_model(path: str | os.PathLike, task: str, labels: Sequence[str] | 
         raise ValueError(f"unknown task {task!r}; choose one of {sorted(ARCHITECTURES)}")
     folder = pathlib.Path(path)
     config_file = folder / "config.json"
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
-    try:
-        hf_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
-    config = hf.config_from_hf(hf_config, str(config_file), dtype=dtype)
+    hf_config, config = hf.read_config(folder, dtype=dtype)
     source_labels = _source_labels(hf_config)
     if labels is None:
         if source_labels is None:
