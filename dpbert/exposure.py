@@ -48,7 +48,7 @@ from scipy import special, stats
 
 from data_pipelines import canaries as canaries_lib
 from data_pipelines import tokenization
-from dpbert import checkpointing
+from dpbert import loop
 from dpbert import model as model_lib
 
 LN2 = math.log(2.0)
@@ -227,23 +227,7 @@ class LoadedModel:
 
 def load_workdir_model(workdir: str | os.PathLike, step: int | None = None) -> LoadedModel:
     """The parameters of a saved step (default: the newest) of a dpbert training workdir."""
-    workdir = pathlib.Path(workdir)
-    run_file = workdir / "run.json"
-    if not run_file.is_file():
-        raise FileNotFoundError(f"{run_file}: missing; is {workdir} a dpbert training workdir?")
-    run = json.loads(run_file.read_text())
-    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
-    try:
-        steps = ckpt.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoint")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
-            raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
-        params, meta = ckpt.restore_params(step)
-    finally:
-        ckpt.close()
+    run, params, meta, step = loop.load_saved_step(workdir, step)
     config = model_lib.BertConfig(**run["model_config"])
     abstract = nnx.eval_shape(lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)

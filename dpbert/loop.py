@@ -631,6 +631,34 @@ def run_info_hash(run_info: dict) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def load_saved_step(workdir: str | os.PathLike, step: int | None = None
+                    ) -> tuple[dict[str, Any], Any, dict[str, Any], int]:
+    """(run.json, parameters as host arrays, meta, step) of a saved step (default: the newest)
+    of a training workdir; a run.json that does not match the checkpoint is refused."""
+    workdir = pathlib.Path(workdir)
+    run_file = workdir / RUN_FILE
+    if not run_file.is_file():
+        raise FileNotFoundError(f"{run_file}: missing; is {workdir} a dpbert training workdir?")
+    run_info = json.loads(run_file.read_text())
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    try:
+        steps = ckpt.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoint")
+        if step is None:
+            step = max(steps)
+        elif step not in steps:
+            raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
+        params, meta = ckpt.restore_params(step)
+    finally:
+        ckpt.close()
+    if meta.get("run_sha256") not in (None, run_info_hash(run_info)):
+        raise ConfigError(f"{run_file} does not match the checkpoint of step {step} (it was "
+                          "rewritten by another run, or copied from another workdir); refusing "
+                          "to use it")
+    return run_info, params, meta, int(step)
+
+
 def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
                         step: int | None = None) -> pathlib.Path:
     """Exports a saved step (default: the newest) of a training workdir with its task's export
@@ -638,24 +666,7 @@ def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
     from dpbert import tasks  # noqa: PLC0415
 
     workdir = pathlib.Path(workdir)
-    run_file = workdir / RUN_FILE
-    if not run_file.is_file():
-        raise FileNotFoundError(f"{run_file}: missing; is {workdir} a dpbert training workdir?")
-    run_info = json.loads(run_file.read_text())
-    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
-    steps = ckpt.all_steps()
-    if not steps:
-        raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoint to export")
-    if step is None:
-        step = max(steps)
-    elif step not in steps:
-        raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
-    params, meta = ckpt.restore_params(step)
-    ckpt.close()
-    if meta.get("run_sha256") not in (None, run_info_hash(run_info)):
-        raise ConfigError(f"{run_file} does not match the checkpoint of step {step} (it was "
-                          "rewritten by another run, or copied from another workdir); refusing "
-                          "to export with it")
+    run_info, params, meta, step = load_saved_step(workdir, step)
     task = tasks.get_task(run_info.get("task", "pretraining"))
     out = pathlib.Path(out)
     task.export(params, run_info, workdir, out, meta.get("privacy_report"))
