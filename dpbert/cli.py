@@ -101,33 +101,44 @@ def parse_flags(argv: Sequence[str], name: str) -> list[str]:
     raise AssertionError("unreachable")
 
 
-def _pop_none_overrides(args: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+def _pop_none_overrides(args: list[str]) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
     """`--config.dp.noise_multiplier=None` (or `none`): config_flags parses the value with the
     field's type (float('None') fails), so such overrides are taken out of argv and applied
-    after parsing (`_set_none`). Returns (the other args, {flag name: [dotted fields]})."""
+    after parsing (`_set_none`). Returns (the other args, {flag name: [(dotted field, value
+    as given)]})."""
     rest, unset = [], {}
     for a in args:
         key, eq, value = a.partition("=")
         if a.startswith("--") and eq and value.strip().lower() == "none" and "." in key:
             flag, field = key[2:].split(".", 1)
             if flag in flags.FLAGS and type(flags.FLAGS[flag]).__name__ == "_ConfigFlag":
-                unset.setdefault(flag, []).append(field)
+                unset.setdefault(flag, []).append((field, value))
                 continue
         rest.append(a)
     return rest, unset
 
 
-def _set_none(flag: str, config, fields: Sequence[str]) -> None:
-    """Sets each dotted `fields` of `config` to None (a missing field is a KeyError, which
-    parse_flags reports like any unknown field)."""
-    for field in fields:
+def _set_none(flag: str, config, fields: Sequence[tuple[str, str]]) -> None:
+    """Sets each dotted field of `fields` ((field, value as given) pairs) of `config` to None,
+    except a string field, which takes the value as given (`--config.privacy.mode=none` is the
+    mode "none"). A missing field is a KeyError, which parse_flags reports like any unknown
+    field."""
+    for field, value in fields:
         *parents, leaf = field.split(".")
         node = config
         for part in parents:
             node = getattr(node, part)
         if leaf not in node:
             raise AttributeError(leaf)
-        setattr(node, leaf, None)
+        setattr(node, leaf, value if _is_string_field(node, leaf) else None)
+
+
+def _is_string_field(node, leaf: str) -> bool:
+    try:
+        kind = node.get_type(leaf)
+    except (AttributeError, KeyError, TypeError):
+        kind = type(getattr(node, leaf))
+    return isinstance(kind, type) and issubclass(kind, str)
 
 
 def _check_config_files(args: Sequence[str], name: str) -> None:

