@@ -388,10 +388,12 @@ def finetune_config() -> ml_collections.ConfigDict:
     # r x 10 bits; the service trains a linear head on the bits. privacy.epsilon is the
     # requested ε; ome_variant "published" uses Theorem 1's p, q with ome_lambda = λ (its ε
     # holds only at λ = 1: results.json and the card give epsilon_claimed AND the exact
-    # epsilon_true), "calibrated" makes the true ε equal privacy.epsilon.
+    # epsilon_true), "calibrated" makes the true ε equal privacy.epsilon, "sue" / "oue" are
+    # the unary-encoding baselines (privacy.ue_levels bins on [-4, 4] per coordinate).
     c.privacy.epsilon = 1.0
     c.privacy.ome_variant = "published"
     c.privacy.ome_lambda = 1.0
+    c.privacy.ue_levels = 16
     # Mode texthide (Huang et al. 2020; classification, not with DP-SGD): every training step
     # mixes k pooled representations of the physical batch and flips their signs with one of
     # m secret masks (m = 0: no masks, -1: a fresh mask each time); variant "intra", or

@@ -12,6 +12,9 @@ and `privacy.mode=texthide`.
                         worst case over inputs (`ome.worst_case_epsilon`), ~3,450 at λ = 100,
                         r = 50 whatever ε is asked.
             calibrated  per-bit randomized response whose TRUE ε is privacy.epsilon.
+            sue / oue   the unary-encoding baselines (Wang et al. 2017; OME's §2, Δf = 2r):
+                        each coordinate one-hot over privacy.ue_levels bins on [-4, 4],
+                        symmetric / optimized unary encoding with t = ε/Δf per bit.
           results.json's privacy block and the card carry BOTH numbers. Each example is
           released once (the same bits every epoch; fresh noise per epoch is refused), the
           eval split too. The per-example loss is unchanged, so DP-SGD on the head applies.
@@ -50,7 +53,7 @@ import numpy as np
 from dpbert.errors import ConfigError
 from dpbert.tasks import finetuning
 
-OME_VARIANTS = ("published", "calibrated")
+OME_VARIANTS = ("published", "calibrated", "sue", "oue")
 TEXTHIDE_HEADS = ("mlp", "linear")
 _OME_SALT = 0x0E11   # folded into the split key: OME bits never share noise with a dχ release
 _POOL_SALT, _STEP_SALT, _EVAL_SALT = 0x7E1D0, 0x7E1D1, 0x7E1D2   # TextHide's secret keys
@@ -71,6 +74,9 @@ class OmeMode(finetuning.InputMode):
         try:
             if p.ome_variant == "published":
                 mech = ome.OME(eps=float(p.epsilon), lam=float(p.ome_lambda), r=r)
+            elif p.ome_variant in ome.UE_KINDS:
+                mech = ome.UnaryEncoding(p.ome_variant, eps=float(p.epsilon), r=r,
+                                         levels=int(p.ue_levels))
             else:
                 mech = ome.CalibratedOME(eps=float(p.epsilon), r=r)
             mech.randomizer  # noqa: B018 - validates eps / lam now
@@ -88,6 +94,9 @@ class OmeMode(finetuning.InputMode):
                         "must be a finite number > 0 (OME's requested ε)")
         finetuning.need(p.ome_lambda >= 1, "privacy.ome_lambda", p.ome_lambda,
                         "must be >= 1 (Theorem 1's λ; the paper uses 100)")
+        finetuning.need(isinstance(p.ue_levels, int) and not isinstance(p.ue_levels, bool)
+                        and p.ue_levels >= 2, "privacy.ue_levels", p.ue_levels,
+                        "must be an integer >= 2 (bins of the unary encoding)")
         finetuning.need(not p.fresh_noise_each_epoch, "privacy.fresh_noise_each_epoch",
                         p.fresh_noise_each_epoch,
                         "mode ome releases each example once; fresh noise is not supported")
@@ -156,15 +165,23 @@ class OmeUser:
 
         mech = self.mech.privacy_report()
         claimed, true = mech["epsilon_claimed"], mech["epsilon_true"]
-        what = ("Theorem 1's randomizer as published (λ = {:g}); its ε = {:g} is the CLAIMED "
-                "one, the exact worst case over inputs is ε = {:.6g}".format(
-                    mech.get("lam", 1.0), claimed, true) if self.variant == "published" else
-                "per-bit randomized response calibrated so that the true ε is {:g} (exact worst "
-                "case {:.6g})".format(claimed, true))
+        if self.variant == "published":
+            what = ("Theorem 1's randomizer as published (λ = {:g}); its ε = {:g} is the "
+                    "CLAIMED one, the exact worst case over inputs is ε = {:.6g}".format(
+                        mech.get("lam", 1.0), claimed, true))
+        elif self.variant == "calibrated":
+            what = ("per-bit randomized response calibrated so that the true ε is {:g} (exact "
+                    "worst case {:.6g})".format(claimed, true))
+        else:
+            what = ("{} unary encoding over {} bins on [{:g}, {:g}] with Δf = 2r, claimed ε = "
+                    "{:g}, exact worst case {:.6g}".format(
+                        self.variant.upper(), mech["levels"], *mech["value_range"], claimed,
+                        true))
+        width = mech.get("l", mech.get("levels"))
         statement = (("" if secret_key else input_privacy.SEEDED_NOTE + " ") +
                      f"Local DP on the sentence representation (OME, Lyu et al. 2020): each "
                      f"example's {self.source} representation from the frozen encoder was "
-                     f"z-scored, encoded as {mech['r']}×{mech['l']} bits and randomized once "
+                     f"z-scored, encoded as {mech['r']}×{width} bits and randomized once "
                      f"({what}), with a key derived from a secret run key and the example id; "
                      "the same bits in every epoch; the eval split was released the same way. "
                      f"Guarantee: ε_true = {true:.6g}-local DP per example "
@@ -187,7 +204,8 @@ def export_ome(params, run: dict, out: pathlib.Path, report: dict | None) -> pat
                     for k in ("kernel", "bias"))
     settings = {"encoder": run["init_from_hf"], "seq_rep_source": ip["seq_rep_source"],
                 "zscore": "per_vector", "labels": run["labels"],
-                "logits": "classifier.weight @ bits + classifier.bias (bits 0/1, r·l)",
+                "logits": "classifier.weight @ bits + classifier.bias (bits 0/1, r·l; r·levels "
+                          "for sue / oue)",
                 "mechanism": {k: v for k, v in ip.items()
                               if k not in ("statement", "key", "frozen")}}
     dp = (report or {}).get("headline") if (report or {}).get("dp") else None
@@ -196,7 +214,8 @@ def export_ome(params, run: dict, out: pathlib.Path, report: dict | None) -> pat
             f"- **epsilon_true = {ip['epsilon_true']:.6g}** (exact worst case over inputs)",
             f"- epsilon_claimed = {ip['epsilon_claimed']:g} (Theorem 1"
             + (f", λ = {ip['lam']:g}; it holds only at λ = 1)" if "lam" in ip
-               else "; calibrated: equal to the true ε)"),
+               else "; calibrated: equal to the true ε)" if ip["variant"] == "calibrated"
+               else f": {ip['variant'].upper()} with Δf = 2r)"),
             "", ip["statement"], "",
             "## Training", "",
             dp or "No DP-SGD on the head (dp.enabled=False): the head's training has no "

@@ -251,6 +251,8 @@ def test_refused_configurations(toy, tmp_path):
         ({"privacy.mode": "ome", "privacy.epsilon": 0.0}, "privacy.epsilon=0.0"),
         ({"privacy.mode": "ome", "privacy.ome_variant": "paper"}, "privacy.ome_variant"),
         ({"privacy.mode": "ome", "privacy.ome_lambda": 0.5}, "privacy.ome_lambda"),
+        ({"privacy.mode": "ome", "privacy.ome_variant": "sue", "privacy.ue_levels": 1},
+         "privacy.ue_levels"),
         ({"privacy.mode": "ome", "privacy.fresh_noise_each_epoch": True}, "fresh noise"),
         ({"privacy.mode": "texthide", "dp.enabled": True, "dp.noise_multiplier": 1.0},
          "mixes examples, so per-example clipping"),
@@ -375,6 +377,19 @@ def test_ome_releases_randomized_bits_once_and_reports_claimed_and_true_epsilon(
         "privacy.mode": "ome", "privacy.ome_variant": "calibrated", "privacy.epsilon": 5.0}),
         256), tmp_path, key).extra["input_privacy"]
     assert cal["epsilon_claimed"] == 5.0 and cal["epsilon_true"] == pytest.approx(5.0)
+    # The unary-encoding baselines: r x levels one-hot bits, randomized; both ε reported.
+    for kind in ("sue", "oue"):
+        c_ue = finetuning.resolve_schedule(config(toy, **{
+            "privacy.mode": "ome", "privacy.ome_variant": kind, "privacy.epsilon": 5.0,
+            "privacy.ue_levels": 8}), 256)
+        ue_data = classification.ClassificationTask().prepare(c_ue, tmp_path, key)
+        bits = ue_data.train.get_batch(rows, step=0)["features"]
+        assert bits.shape == (256, 32 * 8) and set(np.unique(bits)) <= {0.0, 1.0}
+        assert ue_data.extra["model"].classifier.kernel.shape == (256, 2)
+        ue = ue_data.extra["input_privacy"]
+        want = ome.UnaryEncoding(kind, eps=5.0, r=32, levels=8).privacy_report()
+        assert ue["variant"] == kind and ue["epsilon_true"] == want["epsilon_true"]
+        assert f"{kind.upper()} unary encoding over 8 bins" in ue["statement"]
 
 
 @pytest.mark.slow
