@@ -114,6 +114,7 @@ class Task(Protocol):
     name: str
 
     def validate(self, config: ml_collections.ConfigDict) -> None: ...
+    def auto_clipping(self, config) -> str: ...  # what dp.clipping="auto" means for this task
     def prepare(self, config, workdir: pathlib.Path,
                 task_key: np.ndarray) -> TaskData: ...  # task_key: secret uint32[2]
     def build_model(self, config, data: TaskData) -> nnx.Module: ...
@@ -156,6 +157,9 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
     if not config.checkpoint.every_steps >= 0:
         raise ConfigError(f"config.checkpoint.every_steps={config.checkpoint.every_steps!r}: "
                           "must be >= 0")
+    if config.dp.get("clipping") == plan_lib.AUTO_CLIPPING:
+        # Resolved once, here: config.json, the plan and the report name the clipper used.
+        config.dp.clipping = task.auto_clipping(config)
     plan_lib.validate(config.dp, config.batch)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     warmup = opt_config.get("warmup_steps")

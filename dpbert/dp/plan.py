@@ -43,6 +43,9 @@ from dpbert.errors import ConfigError
 # (SUBJECT_ID; a document in corpora without SUBJECT_IDs). See dpbert.dp.units.
 PRIVACY_UNITS = ("example", "note", "patient")
 UNIT_LOSSES = ("mean", "sum")
+# dp.clipping="auto": the task's fastest clipper for the run (`Task.auto_clipping`, resolved
+# by `dpbert.loop.validate` before the plan is made).
+AUTO_CLIPPING = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +160,8 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
     d(dp.sampling in sampling.SAMPLING_MODES, "sampling",
       f"must be one of {sampling.SAMPLING_MODES}")
     names = clipping.clipper_names()
-    d(dp.clipping in names, "clipping", f"must be one of {names}")
+    d(dp.clipping in names or dp.clipping == AUTO_CLIPPING, "clipping",
+      f"must be one of {(AUTO_CLIPPING, *names)}")
     d(dp.noise_mode in accounting.NOISE_MODES, "noise_mode",
       f"must be one of {accounting.NOISE_MODES}")
     d(dp.accountant in accounting.ACCOUNTANTS, "accountant",
@@ -227,6 +231,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                                                                saved_ledger))
     ledger = _ledger(spec, saved_ledger, start_step)
     num_steps, by_budget = _budget(dp, ledger, num_steps, start_step)
+
     return DPPlan(True, dp.clipping, float(dp.clip_norm), spec.noise_multiplier, dp.noise_mode,
                   num_examples, num_shards, float(b.expected_batch_size), b.physical_batch_size,
                   b.microbatch_size, calls, num_steps, by_budget, sampler, ledger,

@@ -430,6 +430,11 @@ class FineTuningTask:
     def validate(self, config) -> None:
         validate_common(self.name, config)
 
+    def auto_clipping(self, config) -> str:
+        """dp.clipping="auto": vmap (a classifier has no tied word embedding to ghost)."""
+        del config
+        return "vmap"
+
     def prepare(self, config, workdir: pathlib.Path, task_key):
         from dpbert import loop  # noqa: PLC0415
         from dpbert.tasks import pretraining  # noqa: PLC0415

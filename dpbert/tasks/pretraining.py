@@ -47,6 +47,13 @@ def _need(config, cond: bool, field: str, why: str) -> None:
 class PretrainingTask:
     name = "pretraining"
 
+    def auto_clipping(self, config) -> str:
+        """dp.clipping="auto": mixed ghost clipping (ghost norms of the dense kernels and
+        embeddings, one backward; the fastest and leanest, BENCHMARKS.md "DP-SGD step") for
+        one sequence per unit; per note / patient the tied-embedding ghost clipper (a unit's
+        loss has no dense-layer taps)."""
+        return "mixed_ghost" if config.dp.privacy_unit == "example" else "ghost_embedding"
+
     def validate(self, config: ml_collections.ConfigDict) -> None:
         if config.data.corpus in ("text", "noteevents"):
             what = ("a MIMIC-III NOTEEVENTS.csv(.gz) file (credentialed PhysioNet data, "

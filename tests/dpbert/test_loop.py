@@ -42,6 +42,26 @@ def test_optimizer_config_refuses_non_finite_numbers():
 
 
 
+def test_auto_clipping_is_resolved_by_the_task_before_the_plan(cache_dir):
+    from configs import finetune_classification
+    from dpbert.tasks import classification
+
+    config = small_config(cache_dir)
+    assert config.dp.clipping == "auto"              # the default
+    loop.validate(pretraining.TASK, config)
+    assert config.dp.clipping == "mixed_ghost"      # one sequence per unit: the fastest
+    loop.validate(pretraining.TASK, config)          # idempotent
+    assert config.dp.clipping == "mixed_ghost"
+    per_patient = small_config(cache_dir, **{"dp.privacy_unit": "patient"})
+    loop.validate(pretraining.TASK, per_patient)
+    assert per_patient.dp.clipping == "ghost_embedding"   # a unit's loss has no dense taps
+    ft = finetune_classification.get_config()
+    ft.dp.clipping = "auto"
+    assert classification.ClassificationTask().auto_clipping(ft) == "vmap"
+    with pytest.raises(ConfigError, match="clipping='mixed_ghst': must be one of .'auto'"):
+        loop.validate(pretraining.TASK, small_config(cache_dir, **{"dp.clipping": "mixed_ghst"}))
+
+
 def test_the_loop_checks_the_optimizer_before_any_data_is_built(cache_dir, tmp_path):
     config = small_config(cache_dir, **{"optimizer.learning_rate": math.nan})
     with pytest.raises(ValueError, match="learning_rate=nan must be a finite number"):
