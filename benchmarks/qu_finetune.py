@@ -95,13 +95,11 @@ def privacy_adaptive_checkpoint(out: pathlib.Path) -> pathlib.Path:
 
 def grid(etas: list[float], mid: float) -> list[tuple[str, str, float | None]]:
     """(checkpoint, mode, η) cells: every mode on MiniLM; on the privacy-adaptive checkpoint
-    none, token_rep over the grid (the mode it was pretrained for) and text_to_text at mid."""
+    token_rep over the grid (the mode it was pretrained for)."""
     cells = [("minilm", "none", None)]
     cells += [("minilm", m, e) for m in ("token_rep", "text_to_text") for e in etas]
     cells += [("minilm", "seq_rep", mid), ("minilm", "texthide", None)]
-    cells += [("minilm_pa", "none", None)]
     cells += [("minilm_pa", "token_rep", e) for e in etas]
-    cells += [("minilm_pa", "text_to_text", mid)]
     return cells
 
 
@@ -200,17 +198,18 @@ def plot(summary: dict, datasets: list[str], etas: list[float], inversion: dict)
     for ax, ds in zip(axes[0], datasets):
         for ckpt, mode, style in (("minilm", "token_rep", "o-"), ("minilm", "text_to_text", "s-"),
                                   ("minilm_pa", "token_rep", "o--"),
-                                  ("minilm_pa", "text_to_text", "s--"),
                                   ("minilm", "seq_rep", "^")):
             pts = [(e, summary[(ds, ckpt, mode, e)]) for e in etas if (ds, ckpt, mode, e) in summary]
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1][0] for p in pts],
                             yerr=[p[1][1] for p in pts], fmt=style, capsize=3,
                             label=f"{mode} ({'privacy-adaptive' if ckpt == 'minilm_pa' else 'MiniLM'})")
-        for ckpt, ls in (("minilm", "-"), ("minilm_pa", "--")):
-            if (ds, ckpt, "none", None) in summary:
-                ax.axhline(summary[(ds, ckpt, "none", None)][0], color="k", ls=ls, lw=0.8,
-                           label=f"none ({'privacy-adaptive' if ckpt == 'minilm_pa' else 'MiniLM'})")
+        if (ds, "minilm", "none", None) in summary:
+            ax.axhline(summary[(ds, "minilm", "none", None)][0], color="k", lw=0.8,
+                       label="none (MiniLM)")
+        if (ds, "minilm", "texthide", None) in summary:
+            ax.axhline(summary[(ds, "minilm", "texthide", None)][0], color="tab:purple", lw=0.8,
+                       ls="-.", label="TextHide (256, 4) (MiniLM)")
         ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="chance")
         ax.set_xticks(etas)
         ax.set_xticklabels([f"{e:g}\ninv {inversion[ds][e]:.2f}" for e in etas])

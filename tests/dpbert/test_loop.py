@@ -93,11 +93,14 @@ def test_a_second_process_in_the_same_workdir_is_refused(cache_dir, tmp_path):
 
 
 def test_sigterm_and_ctrl_c_ask_the_loop_to_save_and_stop():
+    # The handlers in place before (default_int_handler in a terminal; SIG_IGN for SIGINT in a
+    # job started in the background) come back afterwards.
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in (signal.SIGTERM, signal.SIGINT):
         with loop._Stop() as stop:
             os.kill(os.getpid(), sig)
             assert stop.signal == sig
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
 class _FailingCheckpointer:
