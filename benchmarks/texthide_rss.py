@@ -122,6 +122,7 @@ def finetuned_main(t0):
     from dpbert import features as feats
 
     cache = pathlib.Path(_CACHE.value)
+    cache.mkdir(parents=True, exist_ok=True)
     texts, labels, sentence = [], [], []
     for split in ("train", "dev"):
         f = sentiment_data.features(_DATASET.value, split, cache)
