@@ -113,8 +113,8 @@ def run_name(dataset, ckpt, mode, eta, seed) -> str:
     return f"{dataset}_{ckpt}_{mode}" + (f"_eta{eta:g}" if eta is not None else "") + f"_s{seed}"
 
 
-def finetune(out, dataset, folder, mode, eta, seed) -> dict:
-    workdir = out / "runs" / run_name(dataset, folder[0], mode, eta, seed)
+def finetune(out, dataset, ckpt, folder, mode, eta, seed) -> dict:
+    workdir = out / "runs" / run_name(dataset, ckpt, mode, eta, seed)
     results = workdir / "results.json"
     if results.is_file():
         return json.loads(results.read_text())
@@ -124,7 +124,7 @@ def finetune(out, dataset, folder, mode, eta, seed) -> dict:
     workdir.mkdir(parents=True)
     sent = DATA / "sentiment"
     cmd = [sys.executable, "launch/finetune.py", "--config=configs/finetune_classification.py",
-           f"--workdir={workdir}", f"--config.model.init_from_hf={folder[1]}",
+           f"--workdir={workdir}", f"--config.model.init_from_hf={folder}",
            f"--config.data.train={sent / f'{dataset}_train.tsv'}",
            f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
            f"--config.data.max_train_examples={_TRAIN_EXAMPLES.value}",
@@ -266,7 +266,9 @@ def report(rows, datasets, etas, mid, inversion, wall) -> str:
             f"--seeds={_SEEDS.value} --etas={','.join(f'{e:g}' for e in etas)} "
             f"--train_examples={_TRAIN_EXAMPLES.value}` on {platform.machine()}, "
             f"{os.cpu_count()} CPU cores; load average {load:.1f} at the end; "
-            f"{wall / 60:.0f} min this invocation (runs are cached).",
+            f"{wall / 60:.0f} min this invocation (runs are cached); the {len(rows)} "
+            f"fine-tuning runs took {sum(r['wall_seconds'] for r in rows) / 60:.0f} min in "
+            "total (their own wall time, with other jobs on the cores for part of them).",
             "",
             f"Each cell: `launch/finetune.py` on the first {_TRAIN_EXAMPLES.value} rows of "
             f"`<set>_train.tsv`, {_EPOCHS.value:g} epochs, batch 32, AdamW lr {_LR.value:g} "
@@ -322,9 +324,10 @@ def main(argv):
         if _REPORT_ONLY.value and not (workdir / "results.json").is_file():
             continue
         t0 = time.time()
-        res = finetune(out, ds, (ckpt, folders[ckpt]), mode, eta, seed)
+        res = finetune(out, ds, ckpt, folders[ckpt], mode, eta, seed)
         rows.append({"dataset": ds, "checkpoint": ckpt, "mode": mode, "eta": eta, "seed": seed,
-                     "eval_accuracy": res["eval_accuracy"]})
+                     "eval_accuracy": res["eval_accuracy"],
+                     "wall_seconds": res.get("wall_seconds", 0.0)})
         done = time.time() - began
         print(f"[{i + 1}/{len(todo)}] {run_name(ds, ckpt, mode, eta, seed)}: "
               f"{res['eval_accuracy']:.4f} ({time.time() - t0:.0f} s; {done / 60:.1f} min so far)",

@@ -52,6 +52,7 @@ _BASELINE_RUN = flags.DEFINE_string("baseline_run", "", "finetune workdir of mod
 _TEXTHIDE_RUN = flags.DEFINE_string("texthide_run", "", "finetune workdir of mode texthide")
 
 SECTION = "## TextHide representation attacks"
+FINETUNED_SECTION = "## TextHide attacks on fine-tuned encoders"
 SCHEMES = (("baseline", 0, 1), ("mask only (inference path)", 256, 1), ("mix-only", 0, 4),
            ("TextHide intra", 256, 4), ("m = ∞", -1, 4))
 
@@ -150,7 +151,7 @@ def finetuned_main(t0):
         print(name, paper["identity"], own["identity"], own_abs["identity"], flush=True)
     fmt = lambda r: " | ".join(f"{r[k]:.3f}" for k in attacks.METRICS)
     lines = [
-        "## TextHide attacks on fine-tuned encoders", "",
+        FINETUNED_SECTION, "",
         f"`PYTHONPATH=. python benchmarks/texthide_rss.py --dataset={_DATASET.value} "
         f"--baseline_run=W0 --texthide_run=W1` on {platform.machine()}, {os.cpu_count()} CPU "
         f"cores, JAX {jax.__version__}; load average {os.getloadavg()[0]:.1f} at the end; "
@@ -177,7 +178,7 @@ def finetuned_main(t0):
     text = "\n".join(lines) + "\n"
     print(text)
     if _UPDATE_MD.value:
-        bench_report.write_section("## TextHide attacks on fine-tuned encoders", text)
+        bench_report.write_section(FINETUNED_SECTION, text)
 
 
 def main(argv):
