@@ -11,10 +11,10 @@ bits and scores stay in OUT/private/ (never ship it with the model). Rerunning w
 --out resumes. See dpbert/audit.py for the theorem and its exact tail computation.
 """
 
-import logging as std_logging
-
 from absl import app, flags
 from ml_collections import config_flags
+
+from dpbert import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _OUT = flags.DEFINE_string("out", None, "Output folder of the audit.")
@@ -25,6 +25,8 @@ _CONFIDENCE = flags.DEFINE_float("confidence", 0.95, "Confidence of the lower bo
 _NUM_DEVICES = flags.DEFINE_integer("num_devices", None, "Train on the first N devices only.")
 flags.mark_flags_as_required(["config", "out"])
 
+NAME = "audit"
+
 
 def main(argv):
     if len(argv) > 1:
@@ -34,13 +36,12 @@ def main(argv):
     from dpbert import audit  # noqa: PLC0415
     from dpbert.errors import ConfigError  # noqa: PLC0415
 
-    std_logging.getLogger("absl").addFilter(_quiet_libraries)  # as launch/train.py
     devices = jax.devices()[:_NUM_DEVICES.value] if _NUM_DEVICES.value else None
     try:
         res = audit.run_audit(_CONFIG.value, _OUT.value, m=_M.value, length=_LENGTH.value,
                               score=_SCORE.value, confidence=_CONFIDENCE.value, devices=devices)
     except (ConfigError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"audit: {e}") from None
+        cli.fail(NAME, str(e))
     claimed = (f"{res['claimed_epsilon']:.4g} at delta {res['claimed_delta']:g}" if res["dp"]
                else "infinite (no DP)")
     print(f"audit: epsilon >= {res['epsilon_lower_bound']:.3f} with confidence "
@@ -50,10 +51,5 @@ def main(argv):
     print(f"wrote {_OUT.value}/results.json")
 
 
-def _quiet_libraries(record: std_logging.LogRecord) -> bool:
-    noisy = ("/orbax/", "/jax/", "/jaxlib/")
-    return record.levelno >= std_logging.WARNING or not any(n in record.pathname for n in noisy)
-
-
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, NAME)

@@ -10,11 +10,12 @@ repetitions 0 (never-planted reference canaries) to measure the floor. Writes DI
 """
 
 import json
-import logging as std_logging
 import os
 import pathlib
 
 from absl import app, flags
+
+from dpbert import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A dpbert training workdir with canaries.")
 _COMPARE = flags.DEFINE_list("compare", [], "More training workdirs drawn in the same figure "
@@ -34,10 +35,6 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from dpbert import exposure  # noqa: PLC0415 - --help stays instant
 
-    std_logging.getLogger("absl").addFilter(  # orbax's and jax's chatter
-        lambda r: r.levelno >= std_logging.WARNING
-        or not any(n in r.pathname for n in ("/orbax/", "/jax/", "/jaxlib/")))
-
     workdirs = [_WORKDIR.value, *_COMPARE.value]
     labels = list(_LABELS.value) or [pathlib.Path(w).name for w in workdirs]
     if len(labels) != len(workdirs) or len(set(labels)) != len(labels):
@@ -53,7 +50,7 @@ def main(argv):
             res["label"] = label
             runs.append(res)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"exposure: {e}") from None
+        cli.fail("exposure", str(e))
     out.mkdir(parents=True, exist_ok=True)
     results = {
         "what": "secret-sharer exposure (Carlini et al. 2019) of the planted canaries: "
@@ -82,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "exposure")

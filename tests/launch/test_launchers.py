@@ -270,3 +270,38 @@ def test_privacy_launcher():
     }
     for key, part in expect.items():
         assert part in one_error_line(res[key]), (key, res[key])
+
+
+def test_audit_and_exposure_launchers(tmp_path):
+    cases = {
+        "help": ["--help"],
+        "no out": ["--config=configs/demo_dp.py"],
+        "bad m": ["--config=configs/demo_dp.py", f"--out={tmp_path / 'a'}", "--m=many"],
+    }
+    res = dict(zip(cases, drive("audit.py", "audit", list(cases.values()))))
+    assert res["help"][0] == 0 and "--confidence" in res["help"][1]
+    expect = {"no out": "Flag --out must have a value", "bad m": "flag --m=many"}
+    for key, part in expect.items():
+        assert part in one_error_line(res[key]), (key, res[key])
+    # The --config.* overrides work as in launch/train.py (config_flags registers them from the
+    # real sys.argv: a real process): "none" unsets the calibrated sigma, and the first problem
+    # is the missing corpus, one line.
+    code, _, err = run_cli("audit.py", "--config=configs/demo_dp.py", f"--out={tmp_path / 'b'}",
+                           "--config.dp.noise_multiplier=none", "--config.dp.target_epsilon=1",
+                           "--config.data.corpus=noteevents",
+                           f"--config.data.paths={tmp_path / 'missing.csv.gz'}")
+    assert code == 2, err
+    line = one_error_line((code, "", err))
+    assert line.startswith("audit: error: config.data.paths:") and "does not exist" in line
+
+    cases = {
+        "help": ["--help"],
+        "not a workdir": [f"--workdir={tmp_path}"],
+        "labels": [f"--workdir={tmp_path}", f"--compare={tmp_path}", "--labels=a"],
+    }
+    res = dict(zip(cases, drive("exposure.py", "exposure", list(cases.values()))))
+    assert res["help"][0] == 0 and "--compare" in res["help"][1]
+    expect = {"not a workdir": "run.json: missing; is", "labels": "--labels needs 2 distinct"}
+    for key, part in expect.items():
+        assert one_error_line(res[key]).startswith("exposure: error: ")
+        assert part in one_error_line(res[key]), (key, res[key])
