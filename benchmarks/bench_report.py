@@ -1,6 +1,6 @@
 """Shared pieces of the benchmark scripts: writing one benchmark's section of BENCHMARKS.md
 (leaving the other sections alone), running a product command as a logged subprocess, the
-MiniLM checkpoint that a registry package ships, mean ± sd.
+MiniLM checkpoint that a registry package ships, a cached fine-tuning run, mean ± sd.
 
 Imported by the scripts beside it as `import bench_report`.
 """
@@ -40,6 +40,23 @@ def run_logged(cmd: list[str], log: pathlib.Path) -> None:
                            + "\n".join(tail))
 
 
+def finetune_cached(workdir: pathlib.Path, args: list[str]) -> dict:
+    """`launch/finetune.py --workdir=WORKDIR ARGS` unless WORKDIR/results.json exists (an
+    unfinished run is started again from scratch); returns results.json. Log: WORKDIR.log."""
+    import json  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    results = workdir / "results.json"
+    if not results.is_file():
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        workdir.mkdir(parents=True)
+        run_logged([sys.executable, "launch/finetune.py", f"--workdir={workdir}", *args],
+                   workdir.parent / f"{workdir.name}.log")
+    return json.loads(results.read_text())
+
+
 def mean_sd(values: list[float]) -> tuple[float, float]:
     """Mean and sample sd (0 for one value)."""
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -60,5 +77,6 @@ def write_section(heading: str, text: str, *, keep_subsections: bool = False,
     else:
         markers = ("\n## ", "\n### ") if keep_subsections else ("\n## ",)
         ends = [e for e in (old.find(m, start + len(heading)) for m in markers) if e >= 0]
-        new = old[:start] + text + (old[min(ends) + 1:] if ends else "")
+        # One blank line between the section and what follows it, whatever `text` ends with.
+        new = old[:start] + text.rstrip("\n") + ("\n\n" + old[min(ends) + 1:] if ends else "")
     path.write_text(new.rstrip("\n") + "\n", encoding="utf-8")

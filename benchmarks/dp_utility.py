@@ -41,7 +41,6 @@ import math
 import os
 import pathlib
 import platform
-import shutil
 import sys
 import time
 
@@ -49,7 +48,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_report  # noqa: E402
-from bench_report import DATA, REPO, mean_sd, minilm, run_logged  # noqa: E402
+from bench_report import DATA, REPO, finetune_cached, mean_sd, minilm, run_logged  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/dpbert_dp_utility", "cache of all runs")
 _EPSILONS = flags.DEFINE_list("epsilons", ["1", "3", "8", "inf"],
@@ -118,7 +117,7 @@ def cells() -> list[Cell]:
     for eps in sorted((float(e) for e in _EPSILONS.value), reverse=True):
         label = f"no DP (B = {_BATCH.value})" if math.isinf(eps) else f"ε = {eps:g}"
         out.append(Cell(eps, _BATCH.value, _STEPS.value, _LR.value, _WARMUP.value, label))
-    if len({c.name for c in out}) != len(out) or any("," in c.label for c in out):
+    if len({c.name for c in out}) != len(out):
         raise app.UsageError("two cells have the same recipe; change --plain_* or --epsilons")
     return out
 
@@ -226,27 +225,17 @@ def exposure(out: pathlib.Path, folders: dict[Cell, pathlib.Path]) -> dict:
                     f"--compare={','.join(workdirs[1:])}",
                     f"--labels={','.join(c.label for c in folders)}", f"--out={dest}"],
                    out / f"exposure_{key}.log")
-    res = json.loads((dest / "results.json").read_text())
-    res["folder"] = dest
-    return res
+    return json.loads((dest / "results.json").read_text())
 
 
 def ner(out: pathlib.Path, name: str, hf: pathlib.Path, seed: int) -> dict:
     workdir = out / "ner" / (f"{name}_e{_NER_EPOCHS.value:g}_st{_NER_STRIDE.value}"
                              f"_lr{_NER_LR.value:g}_s{seed}")
-    results = workdir / "results.json"
-    if results.is_file():
-        return json.loads(results.read_text())
-    if workdir.exists():
-        shutil.rmtree(workdir)     # an unfinished run: start it again
-    workdir.mkdir(parents=True)
-    run_logged([sys.executable, "launch/finetune.py", "--config=configs/finetune_ner.py",
-                f"--workdir={workdir}", f"--config.model.init_from_hf={hf}",
-                f"--config.seed={seed}", f"--config.train.epochs={_NER_EPOCHS.value}",
-                f"--config.data.stride={_NER_STRIDE.value}",
-                f"--config.optimizer.learning_rate={_NER_LR.value}",
-                "--config.checkpoint.every_steps=0"], workdir.parent / f"{workdir.name}.log")
-    return json.loads(results.read_text())
+    return finetune_cached(workdir, [
+        "--config=configs/finetune_ner.py", f"--config.model.init_from_hf={hf}",
+        f"--config.seed={seed}", f"--config.train.epochs={_NER_EPOCHS.value}",
+        f"--config.data.stride={_NER_STRIDE.value}",
+        f"--config.optimizer.learning_rate={_NER_LR.value}", "--config.checkpoint.every_steps=0"])
 
 
 def mlm_accuracy(folder: pathlib.Path) -> tuple[float, float]:

@@ -33,7 +33,7 @@ from absl import app, flags
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_report  # noqa: E402
 
-from bench_report import DATA, REPO, mean_sd, minilm, run_logged  # noqa: E402
+from bench_report import DATA, REPO, finetune_cached, mean_sd, minilm, run_logged  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/dpbert_qu", "cache of pretraining and fine-tuning runs")
 _DATASETS = flags.DEFINE_list("datasets", ["rt"], "sentiment sets (rt, amazon, tweets)")
@@ -96,27 +96,18 @@ def run_name(dataset, ckpt, mode, eta, seed) -> str:
 
 
 def finetune(out, dataset, ckpt, folder, mode, eta, seed) -> dict:
-    workdir = out / "runs" / run_name(dataset, ckpt, mode, eta, seed)
-    results = workdir / "results.json"
-    if results.is_file():
-        return json.loads(results.read_text())
-    if workdir.exists():
-        import shutil
-        shutil.rmtree(workdir)      # an unfinished run: start it again from scratch
-    workdir.mkdir(parents=True)
     sent = DATA / "sentiment"
-    cmd = [sys.executable, "launch/finetune.py", "--config=configs/finetune_classification.py",
-           f"--workdir={workdir}", f"--config.model.init_from_hf={folder}",
-           f"--config.data.train={sent / f'{dataset}_train.tsv'}",
-           f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
-           f"--config.data.max_train_examples={_TRAIN_EXAMPLES.value}",
-           f"--config.train.epochs={_EPOCHS.value}",
-           f"--config.optimizer.learning_rate={_LR.value}", f"--config.seed={seed}",
-           f"--config.privacy.mode={mode}", "--config.checkpoint.every_steps=0"]
+    args = ["--config=configs/finetune_classification.py",
+            f"--config.model.init_from_hf={folder}",
+            f"--config.data.train={sent / f'{dataset}_train.tsv'}",
+            f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
+            f"--config.data.max_train_examples={_TRAIN_EXAMPLES.value}",
+            f"--config.train.epochs={_EPOCHS.value}",
+            f"--config.optimizer.learning_rate={_LR.value}", f"--config.seed={seed}",
+            f"--config.privacy.mode={mode}", "--config.checkpoint.every_steps=0"]
     if eta is not None:
-        cmd.append(f"--config.privacy.eta={eta}")
-    run_logged(cmd, workdir.parent / (workdir.name + ".log"))
-    return json.loads(results.read_text())
+        args.append(f"--config.privacy.eta={eta}")
+    return finetune_cached(out / "runs" / run_name(dataset, ckpt, mode, eta, seed), args)
 
 
 def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
