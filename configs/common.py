@@ -412,6 +412,11 @@ def finetune_config() -> ml_collections.ConfigDict:
     # holds all weights as safetensors, not a transformers folder) or "linear" (HF's
     # classifier, a BertForSequenceClassification export; cannot serve m > 1 masks well).
     c.privacy.texthide_head = "mlp"
+    # The MLP head's input normalisation: "rms" divides each hidden row by its root mean square
+    # (the same under every sign mask, so it reads nothing the row does not carry), "none" is
+    # the paper's head; and the std of its weights at initialisation.
+    c.privacy.texthide_head_input_norm = "none"
+    c.privacy.texthide_head_init = 0.02
 
     # DP-SGD on the downstream set (its own (ε, δ), privacy unit: one training example as the
     # task defines it). Off by default: the downstream data is protected by the input privacy.
@@ -426,6 +431,8 @@ def finetune_config() -> ml_collections.ConfigDict:
     c.batch.microbatch_size = config_dict.placeholder(int)
 
     c.optimizer.learning_rate = 5e-5
+    # The task head (freshly initialised) trains at this multiple of the learning rate.
+    c.optimizer.head_learning_rate_scale = 1.0
     # Warm-up as a fraction of train.num_steps (None = optimizer.warmup_steps as given).
     c.optimizer.warmup_fraction = 0.1
     c.optimizer.weight_decay = 0.01

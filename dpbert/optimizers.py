@@ -10,6 +10,10 @@ Config fields (an ml_collections.ConfigDict or any mapping / attribute object):
     weight_decay   decoupled weight decay (>= 0; BERT: 0.01)
     b1, b2, eps    Adam/LAMB moments (defaults 0.9, 0.999, 1e-6 as in BERT);
                    b1 is the momentum for sgd (0 = plain SGD)
+    head_learning_rate_scale
+                   (default 1) the task head's parameters (everything under a top-level
+                   `classifier`) train at this multiple of the schedule: a freshly
+                   initialised head next to a pretrained encoder
 
 Steps count optimizer *updates* (logical DP batches), not jitted calls.
 
@@ -32,7 +36,9 @@ from dpbert.dp import trees
 
 PyTree = Any
 OPTIMIZERS = ("adamw", "lamb", "sgd")
-_DEFAULTS = {"warmup_steps": 0, "weight_decay": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6}
+_DEFAULTS = {"warmup_steps": 0, "weight_decay": 0.0, "b1": 0.9, "b2": 0.999, "eps": 1e-6,
+             "head_learning_rate_scale": 1.0}
+HEAD_MODULE = "classifier"   # the fine-tuning models' head (dpbert.heads), top-level attribute
 # Leaf names that never get weight decay: biases (nnx.Linear/LayerNorm `bias`,
 # the MLM output bias whatever its attribute name ends with) and LayerNorm `scale`.
 _NO_DECAY_LEAF_NAMES = ("bias", "scale")
@@ -118,22 +124,41 @@ def make_optimizer(config: Any, params: PyTree | None = None, *,
     b1 = _number(config, "b1", minimum=0.0)
     b2 = _number(config, "b2", minimum=0.0)
     eps = _number(config, "eps", minimum=0.0)
+    head_scale = _number(config, "head_learning_rate_scale", minimum=0.0, strict=True)
     if b1 >= 1 or b2 >= 1:
         raise ValueError(f"optimizer config b1={b1}, b2={b2} must be < 1")
-    if name == "adamw":
-        opt = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd,
-                          mask=weight_decay_mask)
-    elif name == "lamb":
-        opt = optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=wd,
-                         mask=weight_decay_mask)
-    else:
-        opt = optax.chain(
-            optax.add_decayed_weights(wd, mask=weight_decay_mask),
-            optax.sgd(schedule, momentum=b1 or None))
-    if trainable is None:
-        return opt
+
+    def build(lr: optax.Schedule) -> optax.GradientTransformation:
+        if name == "adamw":
+            return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd,
+                               mask=weight_decay_mask)
+        if name == "lamb":
+            return optax.lamb(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd,
+                              mask=weight_decay_mask)
+        return optax.chain(optax.add_decayed_weights(wd, mask=weight_decay_mask),
+                           optax.sgd(lr, momentum=b1 or None))
+
+    opt = build(schedule)
     if params is None:
-        raise ValueError("make_optimizer needs params to apply a trainable filter")
-    mask = trees.resolve_trainable_mask(params, trainable)
-    labels = jax.tree.map(lambda t: "train" if t else "frozen", mask)
-    return optax.multi_transform({"train": opt, "frozen": optax.set_to_zero()}, labels)
+        if trainable is not None:
+            raise ValueError("make_optimizer needs params to apply a trainable filter")
+        return opt   # (a config check: the head scale needs the parameters to apply)
+    if trainable is None and head_scale == 1.0:
+        return opt
+    mask = (jax.tree.map(lambda _: True, params) if trainable is None
+            else trees.resolve_trainable_mask(params, trainable))
+    transforms = {"train": opt, "frozen": optax.set_to_zero()}
+
+    def label(path, t):
+        if not t:
+            return "frozen"
+        names = trees.path_names(path)
+        return "head" if head_scale != 1.0 and names and names[0] == HEAD_MODULE else "train"
+
+    labels = jax.tree_util.tree_map_with_path(label, mask)
+    if head_scale != 1.0:
+        if "head" not in jax.tree.leaves(labels):
+            raise ValueError(f"optimizer config head_learning_rate_scale={head_scale} but the "
+                             f"model has no trainable '{HEAD_MODULE}' parameters")
+        transforms["head"] = build(lambda step: head_scale * schedule(step))
+    return optax.multi_transform(transforms, labels)

@@ -60,6 +60,7 @@ from flax import nnx
 INFINITE_POOL = -1  # m = ∞: a fresh uniform mask per example per step (official code: −1)
 LABEL_MODES = ("paper", "code")
 TASKS = ("classification", "regression")
+HEAD_INPUT_NORMS = ("none", "rms")
 
 EncoderApply = Callable[[Any, Mapping[str, jax.Array], "jax.Array | None"], jax.Array]
 HeadApply = Callable[[Any, jax.Array, "jax.Array | None"], jax.Array]
@@ -400,15 +401,24 @@ class TextHideHead(nnx.Module):
     Paper: three hidden layers of width d ((768, 768, 768) for BERT-base). The official code
     applies ONE Dense(d) three times (`tie_hidden=True`, needs hidden == d) and has a
     `small_cls` option with two hidden layers. Dropout only on the input (as in the code).
+
+    `input_norm="rms"` (not in the paper) divides each hidden row by its root mean square
+    before the first layer. The RMS is the same for every sign mask (|σ ∘ e| = |e|), so this
+    reads nothing the released row does not carry; it puts the tanh layers in their non-linear
+    range when the encoder's pooled output is small (MiniLM's untrained pooler: RMS 0.06),
+    where a near-linear head sees, averaged over the masks, no gradient at all.
     """
 
     def __init__(self, d: int, num_classes: int, *, hidden: int | None = None,
                  dropout: float = 0.0, tie_hidden: bool = False, small_cls: bool = False,
-                 initializer_range: float = 0.02, rngs: nnx.Rngs):
+                 initializer_range: float = 0.02, input_norm: str = "none", rngs: nnx.Rngs):
         hidden = d if hidden is None else hidden
         if tie_hidden and hidden != d:
             raise ValueError(f"tie_hidden applies one Dense({d}) repeatedly, so hidden must be "
                              f"{d}, got {hidden}")
+        if input_norm not in HEAD_INPUT_NORMS:
+            raise ValueError(f"input_norm must be one of {HEAD_INPUT_NORMS}, got {input_norm!r}")
+        self.input_norm = input_norm
         self.num_hidden_layers = 2 if small_cls else 3
         self.tie_hidden = tie_hidden
         init = nnx.initializers.truncated_normal(stddev=initializer_range)
@@ -425,6 +435,9 @@ class TextHideHead(nnx.Module):
     def __call__(self, x: jax.Array, *, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None) -> jax.Array:
         """x: [b, d] → float32 logits [b, C]."""
+        if self.input_norm == "rms":
+            x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(jnp.float32)), -1, keepdims=True)
+                                  + 1e-12).astype(x.dtype)
         x = self.dropout(x, deterministic=deterministic, rngs=rngs)
         for i in range(self.num_hidden_layers):
             layer = self.hidden[0] if self.tie_hidden else self.hidden[i]

@@ -259,6 +259,13 @@ class TextHideMode(finetuning.InputMode):
         p = config.privacy
         finetuning.need(p.texthide_head in TEXTHIDE_HEADS, "privacy.texthide_head",
                         p.texthide_head, f"must be one of {TEXTHIDE_HEADS}")
+        from dpbert import texthide  # noqa: PLC0415
+
+        finetuning.need(p.texthide_head_input_norm in texthide.HEAD_INPUT_NORMS,
+                        "privacy.texthide_head_input_norm", p.texthide_head_input_norm,
+                        f"must be one of {texthide.HEAD_INPUT_NORMS}")
+        finetuning.need(p.texthide_head_init > 0, "privacy.texthide_head_init",
+                        p.texthide_head_init, "must be > 0")
         if spec.variant == "inter":
             finetuning.need(bool(p.public_file), "privacy.public_file", p.public_file,
                             "inter-TextHide needs a public label<TAB>text file (labels ignored)")
@@ -281,7 +288,9 @@ class TextHideMode(finetuning.InputMode):
                                          finetuning.tokenizer(config),
                                          config.data.max_seq_length)
         if config.privacy.texthide_head == "mlp":
-            replace_with_mlp_head(model, seed=config.seed)
+            replace_with_mlp_head(model, seed=config.seed,
+                                  input_norm=config.privacy.texthide_head_input_norm,
+                                  initializer_range=config.privacy.texthide_head_init)
         plain = input_privacy.InputPrivatizer(input_privacy.InputPrivacyConfig(mode="none"))
         return TextHideUser(spec, model.config.hidden_size, plain, public,
                             config.privacy.public_file, config.privacy.texthide_head)
@@ -298,7 +307,8 @@ class TextHideMode(finetuning.InputMode):
         return export_texthide(params, run, out, report)
 
 
-def replace_with_mlp_head(model, *, seed: int) -> None:
+def replace_with_mlp_head(model, *, seed: int, input_norm: str = "none",
+                          initializer_range: float = 0.02) -> None:
     """The paper's head h (3 x (Dense(d) + tanh) + Dense(C), `texthide.TextHideHead`) in place
     of the linear classifier: a linear head cannot serve m > 1 sign masks at once."""
     from flax import nnx  # noqa: PLC0415
@@ -307,7 +317,8 @@ def replace_with_mlp_head(model, *, seed: int) -> None:
 
     class MlpClassifier(nnx.Module):
         def __init__(self, d, c, rngs):
-            self.head = texthide.TextHideHead(d, c, rngs=rngs)
+            self.head = texthide.TextHideHead(d, c, input_norm=input_norm,
+                                              initializer_range=initializer_range, rngs=rngs)
 
         def __call__(self, x):
             return self.head(x.astype("float32"))

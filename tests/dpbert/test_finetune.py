@@ -259,6 +259,10 @@ def test_refused_configurations(toy, tmp_path):
         ({"privacy.mode": "texthide", "privacy.k": 0}, "k must be a positive integer"),
         ({"privacy.mode": "texthide", "privacy.variant": "inter"}, "privacy.public_file"),
         ({"privacy.mode": "texthide", "privacy.k": 32}, "mixes k = 32 examples"),
+        ({"privacy.mode": "texthide", "privacy.texthide_head_input_norm": "layer"},
+         "privacy.texthide_head_input_norm='layer': must be one of"),
+        ({"privacy.mode": "texthide", "privacy.texthide_head_init": 0.0},
+         "privacy.texthide_head_init"),
         ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
          "TIED word embedding"),
         ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
@@ -268,6 +272,10 @@ def test_refused_configurations(toy, tmp_path):
         with pytest.raises(ConfigError, match=match):
             finetuning.finetune(classification.ClassificationTask(), config(toy, **overrides),
                                 tmp_path / "w")
+    with pytest.raises(ValueError, match="head_learning_rate_scale=-1.0 must be > 0"):
+        finetuning.finetune(classification.ClassificationTask(),
+                            config(toy, **{"optimizer.head_learning_rate_scale": -1.0}),
+                            tmp_path / "w")
     mixing = finetuning.register_input_mode(type("Mixing", (finetuning.InputMode,), {
         "name": "test_mixing", "loss_shapes": ("batch",)})())
     try:

@@ -95,6 +95,7 @@ def test_frozen_parameters_get_no_update_and_no_state(bert_params):
     (dict(warmup_steps=-1), "warmup_steps"),
     (dict(weight_decay=-0.1), "weight_decay"),
     (dict(b2=1.0), "b2"),
+    (dict(head_learning_rate_scale=0.0), "head_learning_rate_scale"),
 ])
 def test_config_errors(overrides, match):
     with pytest.raises(ValueError, match=match):
@@ -108,3 +109,31 @@ def test_plain_dict_config_and_defaults():
     assert updates["w"].shape == (2, 2)
     with pytest.raises(ValueError, match="needs params"):
         optimizers.make_optimizer(_config(), trainable=lambda path, leaf: True)
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_head_learning_rate_scale_multiplies_only_the_head_step(name):
+    """head_learning_rate_scale = s: the `classifier` leaves move s times as far as with s = 1,
+    every other leaf exactly as far; frozen leaves still do not move."""
+    params = {"bert": {"dense": {"kernel": jnp.ones((3, 3))}, "word": {"embedding": jnp.ones(4)}},
+              "classifier": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}}
+    grads = jax.tree.map(lambda x: 0.3 * jnp.ones_like(x), params)
+    frozen = trees.freeze_paths_containing("word")
+
+    def step(scale):
+        opt = optimizers.make_optimizer(
+            _config(name=name, warmup_steps=0, learning_rate=1e-2, weight_decay=0.0,
+                    b1=0.0, head_learning_rate_scale=scale), params, trainable=frozen)
+        return opt.update(grads, opt.init(params), params)[0]
+
+    one, ten = step(1.0), step(10.0)
+    np.testing.assert_allclose(ten["classifier"]["kernel"], 10 * one["classifier"]["kernel"],
+                               rtol=1e-6)
+    np.testing.assert_allclose(ten["classifier"]["bias"], 10 * one["classifier"]["bias"],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(ten["bert"]["dense"]["kernel"], one["bert"]["dense"]["kernel"])
+    assert np.all(np.asarray(one["bert"]["dense"]["kernel"]) != 0)
+    np.testing.assert_array_equal(ten["bert"]["word"]["embedding"], 0.0)
+    with pytest.raises(ValueError, match="no trainable 'classifier'"):
+        optimizers.make_optimizer(_config(head_learning_rate_scale=2.0),
+                                  {"bert": params["bert"]})

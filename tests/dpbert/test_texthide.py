@@ -353,6 +353,23 @@ def test_regression_k1_is_mse_and_head_options():
     np.testing.assert_allclose(tied(x), want, rtol=1e-6)
 
 
+def test_head_rms_input_norm_reads_only_the_row_scale_free():
+    """input_norm="rms": h(x) = h_paper(x / rms(x)), so scaling a row changes nothing, and a sign
+    mask changes the normaliser of no row (|σ ∘ e| = |e|)."""
+    normed = texthide.TextHideHead(D, C, input_norm="rms", rngs=nnx.Rngs(0))
+    paper = texthide.TextHideHead(D, C, rngs=nnx.Rngs(0))
+    x = 0.06 * jax.random.normal(jax.random.key(1), (5, D))
+    rms = jnp.sqrt(jnp.mean(x ** 2, -1, keepdims=True))
+    np.testing.assert_allclose(normed(x), paper(x / rms), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(normed(x), normed(40.0 * x), rtol=1e-5, atol=1e-6)
+    masks = texthide.draw_masks(jax.random.key(2), texthide.make_mask_pool(jax.random.key(3), 4, D), 5)
+    masked = texthide.apply_masks(masks, x)
+    np.testing.assert_allclose(normed(masked), paper(masked / rms), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(normed(x), paper(x))
+    with pytest.raises(ValueError, match="input_norm"):
+        texthide.TextHideHead(D, C, input_norm="layer", rngs=nnx.Rngs(0))
+
+
 def test_spec_validates_and_reports_no_epsilon():
     spec = texthide.TextHideSpec(m=256, k=4, variant="inter")
     assert spec.report()["epsilon"] is None and "not differential privacy" in spec.report()["note"]
