@@ -293,7 +293,8 @@ class TextHideMode(finetuning.InputMode):
                                   initializer_range=config.privacy.texthide_head_init)
         plain = input_privacy.InputPrivatizer(input_privacy.InputPrivacyConfig(mode="none"))
         return TextHideUser(spec, model.config.hidden_size, plain, public,
-                            config.privacy.public_file, config.privacy.texthide_head)
+                            config.privacy.public_file, config.privacy.texthide_head,
+                            config.privacy.texthide_head_input_norm)
 
     def loss(self, task, graphdef, config, shape: str):
         return texthide_loss(task.user_side, graphdef, len(task.labels))
@@ -380,9 +381,15 @@ class TextHideUser:
     """The release of mode texthide is the raw text (mode none); what it keeps is the run's
     secret key, from which the mask pool and the per-step randomness derive."""
 
-    def __init__(self, spec, d: int, plain, public: dict | None, public_file: str, head: str):
+    def __init__(self, spec, d: int, plain, public: dict | None, public_file: str, head: str,
+                 head_input_norm: str = "none"):
         self.spec, self.d, self.plain, self.public = spec, d, plain, public
+        # Whoever runs the exported head needs to know whether it divides its input by the
+        # row's RMS (texthide_config.json carries this report).
+        self.head_input_norm = head_input_norm if head == "mlp" else "none"
         self.head = ("paper's MLP head (3 x (Dense(d) + tanh) + Dense(C)) on the pooled output"
+                     + (", its input divided by the row's RMS" if self.head_input_norm == "rms"
+                        else "")
                      if head == "mlp" else
                      "Hugging Face linear classifier on the pooled output")
         self.public_file = public_file
@@ -422,7 +429,7 @@ class TextHideUser:
         return {"mode": "texthide", **s.report(), "frozen": [],
                 "public_file": self.public_file if s.variant == "inter" else None,
                 "mixing": "within one physical batch",
-                "head": self.head,
+                "head": self.head, "head_input_norm": self.head_input_norm,
                 "key": ("secret run key (OS entropy, kept only in the private checkpoint)"
                         if secret_key else "public seed"),
                 "statement": statement}
