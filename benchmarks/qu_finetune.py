@@ -34,6 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_report  # noqa: E402
 
 from bench_report import DATA, REPO, finetune_cached, mean_sd, minilm, run_logged  # noqa: E402
+from sentiment_data import inversion_accuracy, majority_rate  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/dpbert_qu", "cache of pretraining and fine-tuning runs")
 _DATASETS = flags.DEFINE_list("datasets", ["rt"], "sentiment sets (rt, amazon, tweets)")
@@ -122,41 +123,12 @@ def finetune(out, dataset, ckpt, folder, mode, eta, seed) -> dict:
     return finetune_cached(out / "runs" / run_name(dataset, ckpt, mode, eta, seed), args)
 
 
-def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
-                       max_tokens: int = 20000) -> dict[float, float]:
-    """Fraction of the dev set's regular tokens that text_to_text maps back to themselves."""
-    import jax
-    import numpy as np
-
-    from dpbert import dchi, dchi_analysis
-
-    table, vocab = dchi.load_embedding_table(folder)
-    special = dchi.special_token_mask(vocab)
-    index = dchi.build_search_index(table, ~special)
-    lines = [line.split("\t", 1)[1] for line in
-             (DATA / "sentiment" / f"{dataset}_dev.tsv").read_text().splitlines()[1:]]
-    ids = np.asarray(dchi_analysis.corpus_token_ids(lines, folder, special, max_tokens, seed=0))
-    key = jax.random.key(20211123)        # a benchmark measurement, not a release
-    out = {}
-    for i, eta in enumerate(etas):
-        hits = dchi.inversion_hits(jax.random.fold_in(key, i), ids, index, eta)
-        out[eta] = float(np.mean(np.asarray(hits)))
-    return out
-
-
 def summarize(rows: list[dict]) -> dict:
     cells: dict[tuple, list[float]] = {}
     for r in rows:
         cells.setdefault((r["dataset"], r["checkpoint"], r["mode"], r["eta"]), []).append(
             r["eval_accuracy"])
     return {k: mean_sd(v) + (len(v),) for k, v in cells.items()}
-
-
-def majority_rate(dataset: str) -> float:
-    """Dev accuracy of always answering the most frequent dev label (the chance floor)."""
-    labels = [line.split("\t", 1)[0] for line in
-              (DATA / "sentiment" / f"{dataset}_dev.tsv").read_text().splitlines()[1:] if line]
-    return max(labels.count(v) for v in set(labels)) / len(labels)
 
 
 def checks(summary: dict, dataset: str, etas: list[float], mid: float) -> list[str]:

@@ -1,5 +1,6 @@
 """The project's sentiment sets (../shared/data/sentiment) and their frozen-MiniLM features,
-shared by the representation-privacy benchmarks (ome_sentiment.py, texthide_rss.py).
+shared by the representation-privacy benchmarks (ome_sentiment.py, texthide_rss.py,
+qu_finetune.py, privacy_table.py).
 
 `features(dataset, split, cache)` returns the texts, labels and three cached feature matrices:
 `minilm` (MiniLM-L6 pooled output, 384), `minilm_mean` (mean pooling, the sentence-encoder metric
@@ -79,3 +80,31 @@ def features(dataset: str, split: str, cache: pathlib.Path) -> dict:
         np.savez(file, minilm=enc["pooled"], minilm_mean=enc["mean"], static50=static)
     z = np.load(file)
     return dict(texts=texts, labels=labels, **{k: z[k] for k in z.files})
+
+
+def majority_rate(dataset: str) -> float:
+    """Dev accuracy of always answering the most frequent dev label (the chance floor)."""
+    _, labels = load_tsv(DATA / f"{dataset}_dev.tsv")
+    return max(int((labels == v).sum()) for v in set(labels.tolist())) / len(labels)
+
+
+def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
+                       max_tokens: int = 20000) -> dict[float, float]:
+    """Fraction of the dev set's regular tokens that dχ text_to_text at each η maps back to
+    themselves (Qu et al. 5.4), with the embedding table of the HF checkpoint `folder`."""
+    import jax
+    import numpy as np
+
+    from dpbert import dchi, dchi_analysis
+
+    table, vocab = dchi.load_embedding_table(folder)
+    special = dchi.special_token_mask(vocab)
+    index = dchi.build_search_index(table, ~special)
+    lines, _ = load_tsv(DATA / f"{dataset}_dev.tsv")
+    ids = np.asarray(dchi_analysis.corpus_token_ids(lines, folder, special, max_tokens, seed=0))
+    key = jax.random.key(20211123)        # a benchmark measurement, not a release
+    out = {}
+    for i, eta in enumerate(etas):
+        hits = dchi.inversion_hits(jax.random.fold_in(key, i), ids, index, eta)
+        out[eta] = float(np.mean(np.asarray(hits)))
+    return out

@@ -57,31 +57,6 @@ SCHEMES = (("baseline", 0, 1), ("mask only (inference path)", 256, 1), ("mix-onl
            ("TextHide intra", 256, 4), ("m = ∞", -1, 4))
 
 
-def hide_corpus(reps, labels, m, k, batch, seed):
-    """[N, d] → hidden [N, d]: the corpus in shuffled batches, row i's slot 1 = sentence i."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    from dpbert import texthide
-
-    n, d = reps.shape
-    key = jax.random.key(seed)                      # SEEDED: benchmark only
-    pool = texthide.make_mask_pool(jax.random.fold_in(key, 0), m, d)
-    order = np.random.default_rng(seed).permutation(n)
-    pad = (-n) % batch
-    order = np.concatenate([order, order[:pad]])
-    enc = jax.jit(lambda kk, e, y: texthide.encrypt(kk, e, y, pool, k).reps)
-    onehot = np.eye(int(labels.max()) + 1, dtype=np.float32)[labels]
-    out = np.zeros_like(reps)
-    for b, start in enumerate(range(0, len(order), batch)):
-        idx = order[start:start + batch]
-        hidden = np.asarray(enc(jax.random.fold_in(key, b + 1), jnp.asarray(reps[idx]),
-                                jnp.asarray(onehot[idx])))
-        out[idx] = hidden                           # padded repeats overwrite with a later row
-    return out
-
-
 def finetuned_encoder(workdir: pathlib.Path):
     """(BERT encoder, tokenizer) of a `launch/finetune.py` run: its HF export (mode none) or
     the encoder part of texthide_model.safetensors (mode texthide)."""
@@ -143,7 +118,7 @@ def finetuned_main(t0):
     rows = [("Rand", attacks.random_baseline(np.random.default_rng(1), corpus, q), None, None)]
     for name, m, k in SCHEMES:
         source = "baseline" if (m, k) == (0, 1) else "texthide"
-        hidden = hide_corpus(reps[source], labels, m, k, _BATCH.value, seed=17)[q]
+        hidden = attacks.hide_corpus(reps[source], labels, m, k, _BATCH.value, seed=17)[q]
         paper = attacks.rss(corpus, reps["baseline"], q, hidden)
         own = attacks.rss(corpus, reps[source], q, hidden)
         own_abs = attacks.abs_rss(corpus, reps[source], q, hidden)
@@ -208,7 +183,7 @@ def main(argv):
                               replace=False)
     rows = [("Rand", attacks.random_baseline(np.random.default_rng(1), corpus, q), None, None)]
     for name, m, k in SCHEMES:
-        hidden = hide_corpus(e, labels, m, k, _BATCH.value, seed=17)
+        hidden = attacks.hide_corpus(e, labels, m, k, _BATCH.value, seed=17)
         plain = attacks.rss(corpus, e, q, hidden[q])
         absolute = attacks.abs_rss(corpus, e, q, hidden[q])
         f = attacks.train_reprecon(jax.random.key(3), hidden[:n_tr], e[:n_tr],

@@ -201,6 +201,42 @@ def random_baseline(rng: np.random.Generator, corpus: Corpus, query_ids: np.ndar
     return pair_metrics(corpus, query_ids, rng.integers(0, len(corpus), size=len(query_ids)))
 
 
+def hide_corpus(reps: np.ndarray, labels: np.ndarray, m: int, k: int, batch: int, seed: int,
+                public_reps: np.ndarray | None = None) -> np.ndarray:
+    """What a TextHide eavesdropper sees for every corpus sentence: float32 [N, d].
+
+    The corpus [N, d] is hidden in shuffled batches of `batch` (`dpbert.texthide.encrypt`
+    with a pool of m masks and k-way mixing; with `public_reps` [N_pub, d], N_pub >= batch,
+    inter-TextHide with public rows in the even slots). Row i of the result is the hidden row
+    whose first (identity-permutation) slot holds sentence i, so an attack on row i is scored
+    against sentence i. A benchmark tool: the pool and the hiding are SEEDED (`seed`),
+    never a private release.
+    """
+    from dpbert import texthide  # noqa: PLC0415 (texthide imports flax modules)
+
+    n, d = reps.shape
+    if public_reps is not None and len(public_reps) < batch:
+        raise ValueError(f"inter hiding draws {batch} public rows per batch; only "
+                         f"{len(public_reps)} public rows given")
+    key = jax.random.key(seed)
+    pool = texthide.make_mask_pool(jax.random.fold_in(key, 0), m, d)
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    order = np.concatenate([order, order[:(-n) % batch]])
+    public = None if public_reps is None else jnp.asarray(public_reps, jnp.float32)
+    enc = jax.jit(lambda kk, e, y, pub: texthide.encrypt(kk, e, y, pool, k,
+                                                         public_reps=pub).reps)
+    onehot = np.eye(int(labels.max()) + 1, dtype=np.float32)[labels]
+    out = np.zeros_like(reps, dtype=np.float32)
+    for b, start in enumerate(range(0, len(order), batch)):
+        idx = order[start:start + batch]
+        pub = (None if public is None
+               else public[rng.choice(len(public_reps), size=batch, replace=False)])
+        out[idx] = np.asarray(enc(jax.random.fold_in(key, b + 1), jnp.asarray(reps[idx]),
+                                  jnp.asarray(onehot[idx]), pub))  # padded repeats: a later row
+    return out
+
+
 # ----------------------------------------------------------------------------- RepRecon
 
 

@@ -190,3 +190,28 @@ def test_static_mean_embeddings_and_projection(tiny_encoder):
     proj = features.random_projection(0, 16, 5)
     np.testing.assert_array_equal(proj, features.random_projection(0, 16, 5))
     assert proj.shape == (16, 5)
+
+
+def test_hide_corpus_rows_hold_their_own_sentence_first():
+    """Row i of hide_corpus is the hidden row whose identity slot is sentence i: with k = 1 the
+    clean corpus (m = 0) or its sign-masked copy (m ≥ 1, same absolute values); with k = 4 and
+    public rows (inter), sentence i still dominates abs-RSS far above the random baseline,
+    and different public sentences change the hiding."""
+    rng = np.random.default_rng(0)
+    n, d = 100, 16
+    reps = rng.normal(size=(n, d)).astype(np.float32)
+    labels = rng.integers(0, 2, size=n)
+    plain = attacks.hide_corpus(reps, labels, 0, 1, batch=32, seed=1)
+    np.testing.assert_array_equal(plain, reps)
+    masked = attacks.hide_corpus(reps, labels, 8, 1, batch=32, seed=1)
+    np.testing.assert_allclose(np.abs(masked), np.abs(reps))
+    assert np.mean(np.sign(masked) != np.sign(reps)) > 0.3
+    public = rng.normal(size=(64, d)).astype(np.float32)
+    inter = attacks.hide_corpus(reps, labels, 8, 4, batch=32, seed=1, public_reps=public)
+    assert inter.shape == reps.shape and np.all(np.isfinite(inter))
+    nearest = attacks.nearest_neighbours(np.abs(reps), np.abs(inter))
+    assert np.mean(nearest == np.arange(n)) > 0.2          # random: 0.01
+    other = attacks.hide_corpus(reps, labels, 8, 4, batch=32, seed=1, public_reps=-public + 1)
+    assert not np.allclose(other, inter)
+    with pytest.raises(ValueError, match="public rows"):
+        attacks.hide_corpus(reps, labels, 8, 4, batch=32, seed=1, public_reps=public[:16])
