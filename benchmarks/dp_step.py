@@ -20,6 +20,13 @@ device count (fake CPU devices, a data-parallel mesh; or the real devices with -
   temp-memory cap, for every DP step and the non-private (accumulating) step;
 * optionally the time to calibrate sigma at the scale of Hoory et al. (--calibration).
 
+`--task=classification` benchmarks the fine-tuning step instead (sentence classification with
+2 labels, the loss of `launch/finetune.py`; the ghost clippers take
+`dpbert.task_losses.FactoredClassificationLoss`, the default clipper is what
+dp.clipping="auto" gives a classification run in mode none); `--models=minilm` is
+MiniLM-L6-H384's shape (6 layers, hidden 384, 12 heads), the checkpoint the fine-tuning
+benchmarks use.
+
 `--compile_only` skips every timing (the deterministic figures for base and large on a CPU).
 `--json` prints one JSON object per (model, device count); the top-level `time_ratio`,
 `temp_memory_ratio`, `flops_ratio` and `max_microbatch_ratio` are the default clipper's
@@ -36,7 +43,10 @@ from absl import app, flags
 
 _PLATFORM = flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu"],
                               "cpu: fake CPU devices; gpu: the real accelerator(s).")
-_MODELS = flags.DEFINE_list("models", ["tiny", "mini"], "BERT presets to benchmark.")
+_MODELS = flags.DEFINE_list("models", ["tiny", "mini"], "BERT presets to benchmark (also "
+                            "'minilm': MiniLM-L6-H384's shape).")
+_TASK = flags.DEFINE_enum("task", "pretraining", ["pretraining", "classification"],
+                          "The step's loss: MLM + NSP pretraining, or sentence classification.")
 _DEVICES = flags.DEFINE_list("devices", ["8"], "Device counts to measure on (e.g. 1,8).")
 _CLIPPERS = flags.DEFINE_list("clippers", ["vmap", "ghost_embedding", "mixed_ghost"],
                               "DP clippers (dp.clipping values).")
@@ -82,8 +92,10 @@ from flax import nnx  # noqa: E402
 
 import bench_report  # noqa: E402  (benchmarks/ is the script's folder, on sys.path)
 from configs import common as common_config  # noqa: E402
+from configs import finetune_classification  # noqa: E402
+from dpbert.tasks import classification as classification_task  # noqa: E402
 from dpbert.tasks import pretraining as pretraining_task  # noqa: E402
-from dpbert import losses, sharding  # noqa: E402
+from dpbert import heads, losses, sharding, task_losses  # noqa: E402
 from dpbert import model as model_lib  # noqa: E402
 from dpbert.dp import accounting, accumulation, calibration, clipping  # noqa: E402
 from dpbert.dp import mixed_ghost, noise  # noqa: E402
@@ -93,6 +105,27 @@ SECTION = "## DP-SGD step"
 # The clipper dp.clipping="auto" gives a pretraining run with the default config (one
 # sequence per unit, the shapes benchmarked here).
 DEFAULT_CLIPPER = pretraining_task.TASK.auto_clipping(common_config.get_config())
+# The same for a classification run in mode none (--task=classification).
+DEFAULT_FINETUNE_CLIPPER = classification_task.TASK.auto_clipping(
+    finetune_classification.get_config())
+# Shapes beside model_lib.PRESETS: (layers, hidden, heads), intermediate 4 x hidden.
+EXTRA_SHAPES = {"minilm": (6, 384, 12)}
+
+
+def default_clipper() -> str:
+    return DEFAULT_FINETUNE_CLIPPER if _TASK.value == "classification" else DEFAULT_CLIPPER
+
+
+def model_config(preset: str) -> model_lib.BertConfig:
+    positions = max(512, _SEQ.value)
+    if preset in EXTRA_SHAPES:
+        layers, hidden, heads_ = EXTRA_SHAPES[preset]
+        return model_lib.BertConfig(vocab_size=_VOCAB.value, hidden_size=hidden,
+                                    num_hidden_layers=layers, num_attention_heads=heads_,
+                                    intermediate_size=4 * hidden,
+                                    max_position_embeddings=positions, dtype=_DTYPE.value)
+    return model_lib.BertConfig.preset(preset, _VOCAB.value, dtype=_DTYPE.value,
+                                       max_position_embeddings=positions)
 
 
 def synthetic_batch(n: int, seq: int, preds: int, vocab: int, seed: int = 0) -> dict:
@@ -162,16 +195,21 @@ class Bench:
     def __init__(self, preset: str, devices: int):
         self.mesh = sharding.make_mesh(data=-1, fsdp=1, devices=jax.devices()[:devices])
         self.devices = self.mesh.devices.size
-        config = model_lib.BertConfig.preset(preset, _VOCAB.value, dtype=_DTYPE.value,
-                                             max_position_embeddings=max(512, _SEQ.value))
+        config = model_config(preset)
         # Compile-only runs never allocate the model (BERT-large's parameters and optimizer
         # state, once per compiled step, would not fit in a CPU host's memory).
         self.abstract = _COMPILE_ONLY.value
-        make = lambda: model_lib.create_model(config)  # noqa: E731
+        classify = _TASK.value == "classification"
+        make = ((lambda: heads.create_task_model("sequence_classification", config, 2))
+                if classify else (lambda: model_lib.create_model(config)))
         graphdef, params = nnx.split(nnx.eval_shape(make) if self.abstract else make())
         self.num_params = sum(x.size for x in jax.tree.leaves(params))
-        self.loss_fn = losses.make_pretraining_loss(graphdef)
-        self.factored_loss = losses.make_factored_pretraining_loss(graphdef)
+        if classify:
+            self.loss_fn = task_losses.make_classification_loss(graphdef)
+            self.factored_loss = task_losses.FactoredClassificationLoss(graphdef)
+        else:
+            self.loss_fn = losses.make_pretraining_loss(graphdef)
+            self.factored_loss = losses.make_factored_pretraining_loss(graphdef)
         self.optimizer = optax.adamw(1e-4, weight_decay=0.01)
         rep = sharding.replicated(self.mesh)
         self.p_sh = sharding.param_shardings(params, self.mesh)
@@ -191,6 +229,9 @@ class Bench:
             self.opt_state = jax.device_put(opt_state, self.o_sh)
         b = _BATCH.value
         batch = synthetic_batch(b, _SEQ.value, _PREDS.value, _VOCAB.value)
+        if classify:
+            batch = {"input_ids": batch["input_ids"], "segment_ids": batch["segment_ids"],
+                     "input_mask": batch["input_mask"], "label": batch["next_sentence_labels"]}
         self.batch = {k: jax.device_put(v, sharding.batch_sharding(self.mesh, v.ndim))
                       for k, v in batch.items()}
         self.mask = jax.device_put(np.ones(b, bool), sharding.batch_sharding(self.mesh))
@@ -369,7 +410,7 @@ def _log(msg: str) -> None:
 def memory_cap(preset: str) -> float:
     if _CAP_MIB.value is not None:
         return _CAP_MIB.value * MIB
-    return (512.0 if preset in ("tiny", "mini") else 16384.0) * MIB
+    return (512.0 if preset in ("tiny", "mini", "minilm") else 16384.0) * MIB
 
 
 def bench_model(preset: str, devices: int) -> dict:
@@ -382,7 +423,7 @@ def bench_model(preset: str, devices: int) -> dict:
     for c in clippers:
         steps["dp:" + c] = bench.dp_step(c, b)
     if not _COMPILE_ONLY.value:
-        default = DEFAULT_CLIPPER if DEFAULT_CLIPPER in clippers else clippers[-1]
+        default = default_clipper() if default_clipper() in clippers else clippers[-1]
         steps["dp_sigma0:" + default] = bench.dp_step(default, b, noise_multiplier=0.0)
         steps["noise"] = bench.noise_only("dpbert")
         steps["noise_jax"] = bench.noise_only("jax")
@@ -418,7 +459,8 @@ def bench_model(preset: str, devices: int) -> dict:
         plain["s"] = statistics.median(times["plain"])
     result = {"model": preset, "params": bench.num_params, "devices": bench.devices,
               "batch_size": b, "seq_len": _SEQ.value, "dtype": _DTYPE.value,
-              "default_clipper": DEFAULT_CLIPPER, "plain": plain, "clippers": {}}
+              "task": _TASK.value, "default_clipper": default_clipper(), "plain": plain,
+              "clippers": {}}
     for c in clippers:
         name = "dp:" + c
         m = (largest_microbatch(lambda m, n, c=c: bench.dp_step(c, m, n), search, bench.devices,
@@ -439,7 +481,7 @@ def bench_model(preset: str, devices: int) -> dict:
             entry["s"] = statistics.median(times[name])
         result["clippers"][c] = entry
         _log(f"{tag} {c}: {json.dumps(entry)}")
-    top = result["clippers"].get(DEFAULT_CLIPPER) or result["clippers"][clippers[-1]]
+    top = result["clippers"].get(default_clipper()) or result["clippers"][clippers[-1]]
     for k in ("time_ratio", "temp_memory_ratio", "flops_ratio", "max_microbatch_ratio"):
         result[k] = top[k]
     if times:
@@ -479,15 +521,17 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
     lines = [SECTION, "",
              f"`{command}` on {platform_lib.machine()}, {os.cpu_count()} CPU cores, JAX "
              f"{jax.__version__} on {dev.platform} ({dev.device_kind}); load average "
-             f"{load:.1f} at the end. Vocabulary {_VOCAB.value}, seq {_SEQ.value}, "
-             f"{_PREDS.value} predictions, global batch {_BATCH.value}, {_DTYPE.value} compute, "
+             f"{load:.1f} at the end. Task {_TASK.value}. Vocabulary {_VOCAB.value}, seq "
+             f"{_SEQ.value}, "
+             + (f"{_PREDS.value} predictions, " if _TASK.value == "pretraining" else "2 labels, ")
+             + f"global batch {_BATCH.value}, {_DTYPE.value} compute, "
              "dropout on, AdamW; DP: C=1, sigma=1, whole batch in one microbatch. "
              + (f"Times: median of {_ROUNDS.value} interleaved rounds (ratio per round; the "
                 "range is the rounds' min-max). " if timed else "Compile only (no timings). ")
              + "Ratios are DP step / non-private step (both donate parameters and optimizer "
              "state); temp memory is per device, total memory = arguments + outputs - donated + "
              "temp; FLOPs and bytes from XLA's cost analysis. Default clipper: "
-             f"`{DEFAULT_CLIPPER}`.", ""]
+             f"`{default_clipper()}`.", ""]
     lines += ["| model | devices | clipper | DP s | non-DP s | time ratio (range) | temp MiB "
               "DP / non-DP | temp ratio | total memory ratio | FLOPs ratio | bytes ratio | max "
               "microbatch DP / non-DP | microbatch ratio |",

@@ -421,9 +421,10 @@ def finetune_config() -> ml_collections.ConfigDict:
     # DP-SGD on the downstream set (its own (ε, δ), privacy unit: one training example as the
     # task defines it). Off by default: the downstream data is protected by the input privacy.
     c.dp.enabled = False
-    # The vmap clipper: ghost clipping (the default for pretraining) factors the tied word
-    # embedding of the MLM head, which a classifier does not have.
-    c.dp.clipping = "vmap"
+    # "auto": the mixed ghost clipper for classification in modes none / token_rep /
+    # text_to_text (no per-example gradient of the word embedding or of the dense kernels);
+    # vmap otherwise (NER's multi-window documents, seq_rep / OME features).
+    c.dp.clipping = "auto"
     c.dp.delta = 1e-5
 
     c.batch.expected_batch_size = 32

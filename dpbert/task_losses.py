@@ -27,13 +27,15 @@ Metrics:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from dpbert.losses import cross_entropy
+from dpbert import model as model_lib
+from dpbert.losses import POSITION_EMBEDDING_PATH, WORD_EMBEDDING_PATH, cross_entropy
 
 IGNORE_LABEL = -100
 
@@ -66,14 +68,20 @@ def classification_metrics(logits: jax.Array, label: jax.Array) -> tuple[jax.Arr
                   "count": jnp.ones((), jnp.float32)}
 
 
+def classification_model_loss(model: Any, example: Example, *, deterministic: bool,
+                              rng: jax.Array) -> tuple[jax.Array, Metrics]:
+    """Cross-entropy of a `BertForSequenceClassification` module on one example."""
+    logits = classification_logits(model, example, deterministic=deterministic,
+                                   rngs=_rngs(deterministic, rng))
+    return classification_metrics(logits, example["label"])
+
+
 def make_classification_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False) -> LossFn:
     """Cross-entropy of a `BertForSequenceClassification` on one example (`label` int [])."""
 
     def loss_fn(params: nnx.State, example: Example, rng: jax.Array):
-        model = nnx.merge(graphdef, params)
-        logits = classification_logits(model, example, deterministic=deterministic,
-                                       rngs=_rngs(deterministic, rng))
-        return classification_metrics(logits, example["label"])
+        return classification_model_loss(nnx.merge(graphdef, params), example,
+                                         deterministic=deterministic, rng=rng)
 
     return loss_fn
 
@@ -115,6 +123,76 @@ def make_task_loss(task: str, graphdef: nnx.GraphDef, *, deterministic: bool = F
     if task not in makers:
         raise ValueError(f"unknown task {task!r}; choose one of {sorted(makers)}")
     return makers[task](graphdef, deterministic=deterministic)
+
+
+# ----------------------------------------------------------------------------- ghost clipping
+
+
+@dataclasses.dataclass(frozen=True)
+class FactoredClassificationLoss:
+    """The sequence-classification loss in the form the ghost clippers take
+    (`dpbert.dp.ghost.FactoredLoss` and `dpbert.dp.mixed_ghost.TappedLoss`).
+
+    Calling it is exactly `make_classification_loss(graphdef, deterministic=...)`. The word
+    embedding E [V, H] of the model enters only as the input vectors x = E[input_ids]
+    (a classifier has no decoder tied to it), so its per-example gradient is
+    sum_t onehot(id_t) xbar_t^T with xbar = dL/dx: the ghost clippers get its norm and the
+    clipped sum without a [V, H] array per example, and `mixed_ghost` also the dense kernels'
+    (the classifier too). The decoder part of the factored form is empty (P = 0). Examples
+    of dχ token_rep carry their own `word_embeddings` (then E is not used, and frozen);
+    seq_rep / OME examples (`features`, the head alone) have no encoder input and are not
+    for this loss (their modes do not offer the "factored" loss shape).
+    """
+
+    graphdef: nnx.GraphDef
+    deterministic: bool = False
+    # The loss never stops E's gradient itself; a frozen table is the trainable filter's.
+    frozen_word_embedding: bool = False
+    table_path: tuple[str, ...] = WORD_EMBEDDING_PATH
+    position_table_path: tuple[str, ...] = POSITION_EMBEDDING_PATH
+
+    def __call__(self, params: nnx.State, example: Example, rng: jax.Array
+                 ) -> tuple[jax.Array, Metrics]:
+        return make_classification_loss(self.graphdef, deterministic=self.deterministic)(
+            params, example, rng)
+
+    @staticmethod
+    def lookup_ids(example: Example) -> jax.Array | None:
+        return None if "word_embeddings" in example else example["input_ids"]
+
+    @staticmethod
+    def zero_probe(example: Example, vocab_size: int) -> jax.Array:
+        del example
+        return jnp.zeros((0, vocab_size), jnp.float32)
+
+    def factored(self, params: nnx.State, example: Example, rng: jax.Array,
+                 x: jax.Array | None, probe: jax.Array
+                 ) -> tuple[jax.Array, tuple[Metrics, jax.Array]]:
+        """(loss, (metrics, f [0, H])) with the input vectors x [S, H] (None: the example's
+        own `word_embeddings`); the probe [0, V] is empty."""
+        del probe
+        return self._factored(nnx.merge(self.graphdef, params), example, rng, x)
+
+    def tapped(self, params: nnx.State, example: Example, rng: jax.Array,
+               x: jax.Array | None, probe: jax.Array, dense_probes: dict[str, jax.Array]
+               ) -> tuple[jax.Array, tuple[Metrics, jax.Array, dict[str, jax.Array]]]:
+        """`factored` with every dense layer tapped (see `FactoredPretrainingLoss.tapped`)."""
+        del probe
+        model = nnx.merge(self.graphdef, params)
+        with model_lib.dense_tap(model_lib.DenseTap(model, dense_probes)) as tap:
+            loss, (metrics, f) = self._factored(model, example, rng, x)
+        return loss, (metrics, f, tap.inputs)
+
+    def _factored(self, model: Any, example: Example, rng: jax.Array, x: jax.Array | None
+                  ) -> tuple[jax.Array, tuple[Metrics, jax.Array]]:
+        if x is not None:
+            # The model adds position and segment vectors to these and runs the same calls
+            # in the same order (same dropout masks) as when it looks the ids up itself.
+            example = dict(example, word_embeddings=x)
+        loss, metrics = classification_model_loss(model, example,
+                                                   deterministic=self.deterministic, rng=rng)
+        width = example["word_embeddings"].shape[-1]
+        return loss, (metrics, jnp.zeros((0, width), jnp.float32))
 
 
 # ----------------------------------------------------------------------------- evaluation

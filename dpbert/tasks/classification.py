@@ -11,8 +11,10 @@
     users   `privacy.mode` (`dpbert.tasks.finetuning` input modes): the release of train AND
             eval, once, keyed by the run's secret task key
     model   HF `BertForSequenceClassification` (dropout + linear on the pooled output)
-    loss    per-example cross-entropy (`dpbert.task_losses`); with DP-SGD the vmap clipper
-            (one example = one row of the training file is the privacy unit)
+    loss    per-example cross-entropy (`dpbert.task_losses`); with DP-SGD (one example = one
+            row of the training file is the privacy unit) dp.clipping="auto" takes the mixed
+            ghost clipper (`task_losses.FactoredClassificationLoss`) where the input mode
+            feeds the encoder (none, token_rep, text_to_text), else vmap
     eval    accuracy and loss over the whole released eval split
     export  WORKDIR/hf: `BertForSequenceClassification.from_pretrained` loads it; the card
             states the input privacy and the DP-SGD report
@@ -79,6 +81,9 @@ class ClassificationTask(finetuning.FineTuningTask):
 
     def example_loss(self, graphdef, *, deterministic: bool):
         return task_losses.make_classification_loss(graphdef, deterministic=deterministic)
+
+    def factored_loss(self, graphdef):
+        return task_losses.FactoredClassificationLoss(graphdef)
 
     def eval_step(self, graphdef, config):
         mode = finetuning.get_input_mode(config.privacy.mode)

@@ -116,6 +116,7 @@ class DchiMode(InputMode):
 
     name: str
     tasks: tuple[str, ...] = ("classification", "ner")
+    loss_shapes: tuple[str, ...] = ("per_example", "batch")
 
     def settings(self, config) -> input_privacy.InputPrivacyConfig:
         p = config.privacy
@@ -141,9 +142,15 @@ class DchiMode(InputMode):
         return input_privacy.frozen_parts(self.name)
 
 
+# Tasks with a ghost-clipping ("factored") loss: one sequence per example.
+FACTORED_TASKS = ("classification",)
+
 for _name in input_privacy.MODES:
+    # seq_rep examples carry the sentence vector only (the head alone trains): no ghost loss.
     register_input_mode(DchiMode(_name, ("classification",) if _name == "seq_rep"
-                                 else ("classification", "ner")))
+                                 else ("classification", "ner"),
+                                 ("per_example", "batch") if _name == "seq_rep"
+                                 else ("per_example", "batch", "factored")))
 
 
 def validate_common(task_name: str, config) -> InputMode:
@@ -170,13 +177,16 @@ def validate_common(task_name: str, config) -> InputMode:
          f"not available for the {task_name} task (it supports {list(mode.tasks)})")
     mode.validate(config)
     shape = clipping.get_clipper(config.dp.clipping if config.dp.enabled else "none").loss_shape
-    if shape == "factored":
+    if shape == "factored" and task_name not in FACTORED_TASKS:
         need(False, "dp.clipping", config.dp.clipping,
-             "ghost clipping factors the TIED word embedding of the MLM head, which a "
-             "fine-tuning model does not have; use dp.clipping='vmap'")
+             f"the ghost clippers take one sequence per example; a {task_name} example is "
+             "a document of several windows; use dp.clipping='vmap'")
     if shape not in mode.loss_shapes:
         why = ("its loss mixes examples, so per-example clipping (DP-SGD) is impossible; set "
-               "dp.enabled=False" if "batch" in mode.loss_shapes else
+               "dp.enabled=False" if "per_example" not in mode.loss_shapes else
+               "the ghost clippers differentiate the encoder's input vectors, and its "
+               "examples carry only a sentence representation for the head; use "
+               "dp.clipping='vmap'" if shape == "factored" else
                f"it supports the clippers of loss shape {list(mode.loss_shapes)}")
         need(False, "dp.clipping" if config.dp.enabled else "dp.enabled",
              config.dp.clipping if config.dp.enabled else config.dp.enabled,
@@ -431,9 +441,18 @@ class FineTuningTask:
         validate_common(self.name, config)
 
     def auto_clipping(self, config) -> str:
-        """dp.clipping="auto": vmap (a classifier has no tied word embedding to ghost)."""
-        del config
+        """dp.clipping="auto": mixed ghost clipping (ghost norms of the word embedding's
+        lookups and the dense kernels, one backward; BENCHMARKS.md "DP-SGD fine-tuning step")
+        where the task and the input mode offer the factored loss, else vmap."""
+        mode = _MODES.get(config.privacy.mode)   # an unknown mode is refused by validate
+        if self.name in FACTORED_TASKS and mode is not None and "factored" in mode.loss_shapes:
+            return "mixed_ghost"
         return "vmap"
+
+    def factored_loss(self, graphdef):
+        """The task's loss for the ghost clippers (`dpbert.dp.ghost.FactoredLoss`), or None."""
+        del graphdef
+        return None
 
     def prepare(self, config, workdir: pathlib.Path, task_key):
         from dpbert import loop  # noqa: PLC0415
@@ -470,6 +489,9 @@ class FineTuningTask:
         custom = get_input_mode(config.privacy.mode).loss(self, graphdef, config, shape)
         if custom is not None:
             return custom
+        factored = self.factored_loss(graphdef) if shape == "factored" else None
+        if factored is not None:
+            return factored
         loss_fn = self.example_loss(graphdef, deterministic=False)
         if shape == "batch":
             return clipping.batch_loss(loss_fn)

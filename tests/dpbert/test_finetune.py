@@ -232,6 +232,8 @@ def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     assert report["training"]["num_examples"] == 256 and report["training"]["steps"] == 16
     assert report["unit_definition"].startswith("one labelled example: one row of the training")
     assert "one labelled example" in results["privacy"]["dp_sgd_headline"]
+    # dp.clipping="auto" resolved to the mixed ghost clipper (the run's config says so).
+    assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "mixed_ghost"
 
 
 def test_a_fine_tuning_run_keeps_its_release_key_secret_without_dp_sgd():
@@ -263,8 +265,8 @@ def test_refused_configurations(toy, tmp_path):
          "privacy.texthide_head_input_norm='layer': must be one of"),
         ({"privacy.mode": "texthide", "privacy.texthide_head_init": 0.0},
          "privacy.texthide_head_init"),
-        ({"dp.enabled": True, "dp.clipping": "ghost_embedding", "dp.noise_multiplier": 1.0},
-         "TIED word embedding"),
+        ({"privacy.mode": "seq_rep", "dp.enabled": True, "dp.clipping": "ghost_embedding",
+          "dp.noise_multiplier": 1.0}, "only a sentence representation for the head"),
         ({"batch.expected_batch_size": 512, "batch.physical_batch_size": 512},
          "exceeds the 256 training examples"),
     ]
@@ -338,6 +340,21 @@ def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, t
 
 
 @pytest.mark.slow
+def test_auto_clipping_takes_the_ghost_loss_where_examples_feed_the_encoder(toy, tmp_path):
+    from dpbert.tasks import ner  # noqa: PLC0415
+
+    clf = classification.ClassificationTask()
+    for mode, want in (("none", "mixed_ghost"), ("token_rep", "mixed_ghost"),
+                       ("text_to_text", "mixed_ghost"), ("seq_rep", "vmap"), ("ome", "vmap"),
+                       ("texthide", "vmap"), ("no_such_mode", "vmap")):
+        assert clf.auto_clipping(config(toy, **{"privacy.mode": mode})) == want, mode
+    assert ner.NerTask().auto_clipping(ner_config(toy, tmp_path)) == "vmap"
+    with pytest.raises(ConfigError, match="a ner example is a document of several windows"):
+        finetuning.run(ner_config(toy, tmp_path, **{
+            "dp.enabled": True, "dp.clipping": "mixed_ghost", "dp.noise_multiplier": 1.0}),
+            tmp_path / "w")
+
+
 def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tmp_path):
     results = finetuning.run(ner_config(toy, tmp_path, **{"train.epochs": 15.0}),
                              tmp_path / "w")

@@ -170,3 +170,55 @@ def test_vmap_clipper_on_token_rep_and_seq_rep_inputs(seq_model, tok_model):
 def test_unknown_task():
     with pytest.raises(ValueError, match="unknown task"):
         task_losses.make_task_loss("regression", None)
+
+
+@pytest.mark.parametrize("mode", ["ids", "token_rep"])
+def test_ghost_clippers_equal_vmap_on_classification(seq_model, mode):
+    """The ghost clippers on `FactoredClassificationLoss` give VmapClipper's clipped sum,
+    metrics and dropped-example count (dropout on, padding, colliding ids, a clip factor
+    below 1 for most examples, a non-finite example; every dense kernel in the Gram form for
+    mixed_ghost "gram": the classifier too); token_rep: the example's own vectors,
+    the word embedding frozen (the dχ trainable filter)."""
+    from dpbert import input_privacy  # noqa: PLC0415
+    from dpbert.dp import ghost, mixed_ghost  # noqa: PLC0415
+
+    graphdef, params = seq_model
+    b = cls_batch(seed=3)
+    b["input_ids"][:, 3] = 7                                  # the same row in every example
+    trainable = None
+    if mode == "token_rep":
+        rng = np.random.RandomState(4)
+        b["word_embeddings"] = rng.normal(size=(N, S, 16)).astype(np.float32)
+        b["word_embeddings"][5, 2, 0] = np.inf                # one non-finite example
+        trainable = input_privacy.trainable_filter("token_rep")
+    del b["labels"]
+    mask = np.ones(N, bool)
+    mask[6] = False                                           # a padding slot
+    key = jax.random.key(11)
+    reference = task_losses.make_classification_loss(graphdef, deterministic=False)
+    factored = task_losses.FactoredClassificationLoss(graphdef)
+    c = 0.05
+    runs = [(clipping.VmapClipper(c, 4, trainable=trainable), reference),
+            (ghost.TiedEmbeddingClipper(c, 4, trainable=trainable), factored),
+            (mixed_ghost.MixedGhostClipper(c, 4, trainable=trainable, dense_norm="gram"),
+             factored)]
+    plan = runs[2][0].plan(factored, params, {k: v[0] for k, v in b.items()})
+    assert set(plan.gram) >= {"classifier", "bert/pooler/dense"} and len(plan.gram) == 6 + 2
+    results = []
+    for clipper, loss_fn in runs:
+        fn = jax.jit(lambda p, batch, m, clipper=clipper, loss_fn=loss_fn: clipper.clipped_sum(
+            loss_fn, p, batch, m, key, first_position=8))
+        results.append(jax.device_get(fn(params, b, mask)))
+    ref, ref_m, ref_nf = results[0]
+    assert int(ref_nf) == (1 if mode == "token_rep" else 0)
+    table = ref["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert np.asarray(table[...]).any() == (mode == "ids")
+    for got, got_m, got_nf in results[1:]:
+        assert int(got_nf) == int(ref_nf)
+        helpers.assert_trees_close(got, ref, rtol=1e-5, atol_frac=1e-6)
+        for k in ref_m:
+            np.testing.assert_allclose(got_m[k], ref_m[k], rtol=1e-6)
+    # The factored loss is the classification loss (same dropout masks from the same key).
+    example = {k: v[0] for k, v in b.items()}
+    k1 = jax.random.key(1)
+    assert float(factored(params, example, k1)[0]) == float(reference(params, example, k1)[0])

@@ -33,7 +33,8 @@ def test_finetune_launcher_help_and_one_line_errors(tmp_path):
         "label": [cfg("label", **{"data.eval": str(bad_label)}), w],
         "missing": [cfg("missing", **{"data.eval": str(tmp_path / "nope.tsv")}), w],
         "ckpt": [cfg("ckpt", **{"model.init_from_hf": str(tmp_path)}), w],
-        "ghost": [cfg("ghost", **{"dp.enabled": True, "dp.clipping": "ghost_embedding"}), w],
+        "ghost": [cfg("ghost", **{"dp.enabled": True, "dp.clipping": "ghost_embedding",
+                                  "privacy.mode": "seq_rep"}), w],
         "workdir": [cfg("workdir"), f"--workdir={train}"],
         "ner_mode": [config_file(tmp_path / "ner.py", "finetune_ner", **{
             "model.init_from_hf": str(ckpt), "privacy.mode": "seq_rep",
