@@ -72,6 +72,10 @@ _OME = flags.DEFINE_string(
     "ome_results", os.path.join(tempfile.gettempdir(), "dpbert_ome_cache",
                                 "results_v1_e20_s3_q1000_ue16.json"),
     "benchmarks/ome_sentiment.py's results file (absent: no OME rows)")
+_CELLS = flags.DEFINE_list("cells", [], "run only these fine-tuning cells (keys: none, "
+                           "texthide_intra, texthide_inter, texthide_minf, mix_only, token_rep, "
+                           "t2t40, t2t75, t2t125, dpsgd); the others are read from the cache if "
+                           "there. Empty = all.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
 
 HEADING = "## Accuracy against privacy, per mechanism (issue 13)"
@@ -348,7 +352,8 @@ def main(argv):
     runs = []
     for i, (seed, ds, cell) in enumerate(todo):
         workdir = run_dir(out, ds, cell, seed)
-        if _REPORT_ONLY.value and not (workdir / "results.json").is_file():
+        skip = _REPORT_ONLY.value or (_CELLS.value and cell.key not in _CELLS.value)
+        if skip and not (workdir / "results.json").is_file():
             continue
         t0 = time.time()
         res = finetune(out, ds, cell, seed)
