@@ -280,10 +280,11 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
         raise ValueError(f"unknown score {score!r}; choose from {SCORES}")
     out = pathlib.Path(out_dir).absolute()
     private, workdir = out / PRIVATE_DIR, out / TRAIN_DIR
+    config = ml_collections.ConfigDict(config.to_dict())
+    # Validate before anything is written: a refused config leaves OUT as it was.
+    loop.validate(pretraining.TASK, config)
     private.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
-    config = ml_collections.ConfigDict(config.to_dict())
-    loop.validate(pretraining.TASK, config)
     data = pretraining.prepare_corpus(config, workdir)
     vocab_file, _, _ = pretraining.prepare_vocab(config, data, workdir)
     tok = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=data.do_lower_case)

@@ -135,3 +135,14 @@ def test_dp_keeps_exposure_at_the_floor_and_the_audit_below_the_claim(non_dp, dp
     summary = [s for s in result["summary"] if s["run"] == "non_dp"]
     assert {(s["form"], s["repetitions"]) for s in summary} == {
         (f, n) for f in ("HS", "HSH", "HHSHH") for n in (0, 100)}
+
+
+def test_a_refused_audit_config_writes_nothing(tmp_path):
+    from dpbert.errors import ConfigError  # noqa: PLC0415
+
+    config = demo_dp.get_config()
+    config.train.num_steps = 0
+    out = tmp_path / "audit"
+    with pytest.raises(ConfigError, match="train.num_steps"):
+        audit.run_audit(config, out, m=8)
+    assert not out.exists()
