@@ -56,7 +56,9 @@ def test_auto_clipping_is_resolved_by_the_task_before_the_plan(cache_dir):
     loop.validate(pretraining.TASK, per_patient)
     assert per_patient.dp.clipping == "ghost_embedding"   # a unit's loss has no dense taps
     ft = finetune_classification.get_config()
-    ft.dp.clipping = "auto"
+    assert ft.dp.clipping == "auto"                  # the fine-tuning default too
+    assert classification.ClassificationTask().auto_clipping(ft) == "mixed_ghost"
+    ft.privacy.mode = "seq_rep"                      # the head alone: no encoder input
     assert classification.ClassificationTask().auto_clipping(ft) == "vmap"
     with pytest.raises(ConfigError, match="clipping='mixed_ghst': must be one of .'auto'"):
         loop.validate(pretraining.TASK, small_config(cache_dir, **{"dp.clipping": "mixed_ghst"}))
