@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/privacy_table.py [--out=/tmp/dpbert_qu]
         [--datasets=rt,amazon,tweets] [--seeds=3] [--feature_cache=/tmp/dpbert_ome_cache]
-        [--ome_results=FILE] [--report_only]
+        [--cells=dpsgd,...] [--report_only]
 
 One table per sentiment set (dev split; test splits are held back) with every fine-tuning
 privacy mechanism dpbert ships, side by side on MiniLM-L6:
@@ -13,8 +13,9 @@ privacy mechanism dpbert ships, side by side on MiniLM-L6:
 * dχ input privacy (Qu et al.): token_rep at η 75, text_to_text at η 40 / 75 / 125;
 * DP-SGD fine-tuning at (ε, δ) = (--dp_epsilon, 1e-5) (`dp.enabled=True`): protects the model,
   not the inputs (the service trains on the raw text);
-* OME (Lyu et al.) and the SUE / OUE baselines, from `benchmarks/ome_sentiment.py`'s results
-  (frozen MiniLM mean pooling + an MLP on the randomized bits; its own protocol, see there).
+* OME (Lyu et al.) and the SUE / OUE baselines: rows read from the "OME on sentiment" section
+  of BENCHMARKS.md (`benchmarks/ome_sentiment.py`: frozen MiniLM mean pooling + an MLP on the
+  randomized bits, all training rows; its own protocol, see there).
 
 The fine-tuning cells are `launch/finetune.py` runs with the recipe of
 `benchmarks/qu_finetune.py` (first --train_examples training rows, --epochs epochs, AdamW
@@ -37,7 +38,6 @@ recovers, one line or marker per mechanism).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import pathlib
@@ -68,10 +68,6 @@ _QUERIES = flags.DEFINE_integer("queries", 1000, "RSS queries per TextHide schem
 _FEATURES = flags.DEFINE_string(
     "feature_cache", os.path.join(tempfile.gettempdir(), "dpbert_ome_cache"),
     "frozen-MiniLM feature cache (benchmarks/sentiment_data.py; shared with ome_sentiment.py)")
-_OME = flags.DEFINE_string(
-    "ome_results", os.path.join(tempfile.gettempdir(), "dpbert_ome_cache",
-                                "results_v1_e20_s3_q1000_ue16.json"),
-    "benchmarks/ome_sentiment.py's results file (absent: no OME rows)")
 _CELLS = flags.DEFINE_list("cells", [], "run only these fine-tuning cells (keys: none, "
                            "texthide_intra, texthide_inter, texthide_minf, mix_only, token_rep, "
                            "t2t40, t2t75, t2t125, dpsgd); the others are read from the cache if "
@@ -173,31 +169,49 @@ def texthide_attacks(dataset: str, schemes: list[tuple[int, int, str]]) -> dict:
     return out
 
 
+OME_SECTION = "## OME on sentiment"
+# Rows of the OME section picked for the table: (family, params as that section prints them).
+OME_PICK = ([("ome", f"λ={lam}, ε=1") for lam in (1, 10, 50, 100)] + [("ome_odd", "λ=100, ε=1")]
+            + [("ome_calibrated", f"ε={e}") for e in (10, 100, 1000, 3000, 10000, 30000)]
+            + [("sue", "ε=10"), ("oue", "ε=10")])
+
+
+def _number(text: str) -> float:
+    return math.inf if text.strip() == "∞" else float(text.replace(",", ""))
+
+
 def ome_rows(dataset: str) -> list[dict]:
-    """Representative OME / SUE / OUE rows of ome_sentiment's results (MiniLM mean pooling)."""
-    path = pathlib.Path(_OME.value)
-    if not path.is_file():
+    """Representative OME / SUE / OUE rows (MiniLM mean pooling) of BENCHMARKS.md's OME
+    section, which `benchmarks/ome_sentiment.py --epochs=20 --seeds=3 --update_md` writes
+    (3 seeds each); [] if the section or the set's table is not there."""
+    text = bench_report.BENCHMARKS_MD.read_text(encoding="utf-8")
+    start = text.find(OME_SECTION)
+    if start < 0:
         return []
-    results = json.loads(path.read_text())
-    wanted = [("ome", {"lam": lam, "eps": 1.0}) for lam in (1.0, 10.0, 50.0, 100.0)]
-    wanted += [("ome_odd", {"lam": 100.0, "eps": 1.0})]
-    wanted += [("ome_calibrated", {"eps": e}) for e in (10.0, 100.0, 1000.0, 3000.0)]
-    wanted += [(kind, {"eps": 10.0}) for kind in ("sue", "oue")]
-    rows = []
-    for family, params in wanted:
-        name = f"{dataset}/minilm_mean/{family}/" + ",".join(f"{k}={v:g}"
-                                                             for k, v in params.items())
-        if name in results:
-            rows.append(results[name])
-    return rows
+    end = text.find("\n## ", start + len(OME_SECTION))
+    section = text[start:end if end >= 0 else None]
+    table_start = section.find(f"### {dataset} / minilm_mean ")
+    if table_start < 0:
+        return []
+    table_end = section.find("\n### ", table_start + 4)
+    rows = {}
+    for line in section[table_start:table_end if table_end >= 0 else None].splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) != 9 or (cols[0], cols[1]) not in OME_PICK:
+            continue
+        mean, sd = (float(x) for x in cols[3].split(" ± "))
+        rows[(cols[0], cols[1])] = dict(
+            family=cols[0], params=cols[1], features=int(cols[2]), acc_mean=mean, acc_sd=sd,
+            n=3, epsilon_claimed=_number(cols[4]), epsilon_true=_number(cols[5]),
+            identity=float(cols[6]))
+    return [rows[k] for k in OME_PICK if k in rows]
 
 
 def ome_label(row: dict) -> str:
     p = row["params"]
-    return {"ome": f"OME λ = {p.get('lam', 0):g} (Theorem 1, ε claimed {p['eps']:g})",
-            "ome_odd": f"OME λ = {p.get('lam', 0):g}, high p on odd bits (ε claimed {p['eps']:g})",
-            "ome_calibrated": f"OME calibrated, ε = {p['eps']:g}",
-            "sue": f"SUE ε = {p['eps']:g}", "oue": f"OUE ε = {p['eps']:g}"}[row["family"]]
+    return {"ome": f"OME Theorem 1, {p}", "ome_odd": f"OME Theorem 1, high p on odd bits, {p}",
+            "ome_calibrated": f"OME calibrated, {p}", "sue": f"SUE {p}",
+            "oue": f"OUE {p}"}[row["family"]]
 
 
 # ----------------------------------------------------------------------------- report
@@ -242,11 +256,10 @@ def dataset_rows(dataset: str, accuracy: dict, dp_reports: dict, th: dict,
         rows.append(row)
     for r in ome_rows(dataset):
         rows.append(dict(label=ome_label(r), key=r["family"], acc=r["acc_mean"], sd=r["acc_sd"],
-                         n=len(r["acc"]), release=f"{r['features']} randomized bits",
+                         n=r["n"], release=f"{r['features']} randomized bits",
                          guarantee=(f"ε true {fmt_eps(r['epsilon_true'])} (claimed "
                                     f"{fmt_eps(r['epsilon_claimed'])})"),
-                         recovery=r["attack"]["identity"],
-                         attack=f"ML sentence {r['attack']['identity']:.3f}", ome=r))
+                         recovery=r["identity"], attack=f"ML sentence {r['identity']:.3f}"))
     return rows
 
 
@@ -276,7 +289,7 @@ def plot(tables: dict) -> None:
                             label=label, ms=7)
         for family, style, color, label in (
                 ("ome", "v-", "tab:green", "OME Theorem 1 (λ 1, 10, 50, 100; ε claimed 1)"),
-                ("ome_calibrated", "^-", "tab:olive", "OME calibrated (true ε 10 … 3,000)"),
+                ("ome_calibrated", "^-", "tab:olive", "OME calibrated (true ε 10 … 30,000)"),
                 ("sue", "x", "tab:brown", "SUE ε 10"), ("oue", "+", "tab:gray", "OUE ε 10")):
             pts = [r for r in tables[ds] if r["key"] == family]
             if pts:
