@@ -245,7 +245,7 @@ def dataset_rows(dataset: str, accuracy: dict, dp_reports: dict, th: dict,
             inv = inversion.get(cell.eta)
             row.update(release=("noisy token embeddings" if cell.key == "token_rep"
                                 else "nearest tokens of the noisy embeddings"),
-                       guarantee=f"{cell.eta:g}·d-χ per token (metric LDP)", recovery=inv,
+                       guarantee=f"dχ-privacy per token, η = {cell.eta:g}", recovery=inv,
                        attack="—" if inv is None else f"token inversion {inv:.3f}")
         else:
             eps = dp_reports.get(dataset)
@@ -269,7 +269,7 @@ def plot(tables: dict) -> None:
     import matplotlib.pyplot as plt
 
     datasets = list(tables)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.2 * len(datasets), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6.2 * len(datasets), 5.6), squeeze=False)
     for ax, ds in zip(axes[0], datasets):
         rows = {r["key"]: r for r in tables[ds] if r["recovery"] is not None
                 and r["key"] not in ("ome", "ome_odd", "ome_calibrated", "sue", "oue")}
@@ -302,8 +302,14 @@ def plot(tables: dict) -> None:
         ax.set_xlabel("what the eavesdropper recovers (sentence identity; dχ: token inversion)")
         ax.set_ylabel("dev accuracy")
         ax.set_title(f"{ds}: MiniLM-L6")
-        ax.legend(fontsize=6.5, loc="lower right")
-    fig.tight_layout()
+    # One legend for all panels, below them (the panels' data stays visible).
+    seen = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=4, fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     PLOT.parent.mkdir(exist_ok=True)
     fig.savefig(PLOT, dpi=110)
 
