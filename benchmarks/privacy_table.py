@@ -392,7 +392,7 @@ def main(argv):
         tables[ds] = dataset_rows(ds, accuracy, dp_eps, th, inversion)
     text = report(tables, time.time() - began, runs)
     print(text)
-    bench_report.write_section(HEADING, text, keep_subsections=True)
+    bench_report.write_section(HEADING, text, keep_subsections=False)
     plot(tables)
 
 
