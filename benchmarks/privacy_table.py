@@ -180,23 +180,30 @@ def _number(text: str) -> float:
     return math.inf if text.strip() == "∞" else float(text.replace(",", ""))
 
 
+def _table_rows(section: str, table: str) -> list[list[str]]:
+    """The cells of each row of BENCHMARKS.md's table under "### TABLE" of the "SECTION"
+    section; [] if either is not there."""
+    text = bench_report.BENCHMARKS_MD.read_text(encoding="utf-8")
+    start = text.find(section)
+    if start < 0:
+        return []
+    end = text.find("\n## ", start + len(section))
+    body = text[start:end if end >= 0 else None]
+    table_start = body.find(f"### {table}")
+    if table_start < 0:
+        return []
+    table_end = body.find("\n### ", table_start + 4)
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in body[table_start:table_end if table_end >= 0 else None].splitlines()
+            if line.startswith("|")]
+
+
 def ome_rows(dataset: str) -> list[dict]:
     """Representative OME / SUE / OUE rows (MiniLM mean pooling) of BENCHMARKS.md's OME
     section, which `benchmarks/ome_sentiment.py --epochs=20 --seeds=3 --update_md` writes
     (3 seeds each); [] if the section or the set's table is not there."""
-    text = bench_report.BENCHMARKS_MD.read_text(encoding="utf-8")
-    start = text.find(OME_SECTION)
-    if start < 0:
-        return []
-    end = text.find("\n## ", start + len(OME_SECTION))
-    section = text[start:end if end >= 0 else None]
-    table_start = section.find(f"### {dataset} / minilm_mean ")
-    if table_start < 0:
-        return []
-    table_end = section.find("\n### ", table_start + 4)
     rows = {}
-    for line in section[table_start:table_end if table_end >= 0 else None].splitlines():
-        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+    for cols in _table_rows(OME_SECTION, f"{dataset} / minilm_mean "):
         if len(cols) != 9 or (cols[0], cols[1]) not in OME_PICK:
             continue
         mean, sd = (float(x) for x in cols[3].split(" ± "))
@@ -205,6 +212,29 @@ def ome_rows(dataset: str) -> list[dict]:
             n=3, epsilon_claimed=_number(cols[4]), epsilon_true=_number(cols[5]),
             identity=float(cols[6]))
     return [rows[k] for k in OME_PICK if k in rows]
+
+
+QU_SECTION = "## Fine-tuning under input privacy (Qu et al."
+
+
+def qu_rows(dataset: str) -> dict[str, tuple[float, float, int]]:
+    """cell key -> (mean, sd, n) of the MiniLM none / dχ cells in BENCHMARKS.md's
+    `benchmarks/qu_finetune.py` section, used for the cells this invocation has no cached runs
+    of; {} unless that section states this script's recipe (training rows, epochs, lr)."""
+    text = bench_report.BENCHMARKS_MD.read_text(encoding="utf-8")
+    start = text.find(QU_SECTION)
+    recipe = (f"first {_TRAIN_EXAMPLES.value} rows of `<set>_train.tsv`, {_EPOCHS.value:g} "
+              f"epochs, batch 32, AdamW lr {_LR.value:g}")
+    if start < 0 or recipe not in text[start:text.find("\n### ", start)]:
+        return {}
+    keys = {(c.tag.split("_eta")[0], "—" if c.eta is None else f"{c.eta:g}"): c.key
+            for c in cells(dataset) if c.key == "none" or c.eta is not None}
+    out = {}
+    for cols in _table_rows(QU_SECTION, f"{dataset}\n"):
+        if len(cols) == 6 and cols[0] == "MiniLM" and (cols[1], cols[2]) in keys:
+            mean, sd = (float(x) for x in cols[4].split(" ± "))
+            out[keys[(cols[1], cols[2])]] = (mean, sd, int(cols[5]))
+    return out
 
 
 def ome_label(row: dict) -> str:
@@ -223,14 +253,21 @@ def fmt_eps(x: float) -> str:
 
 def dataset_rows(dataset: str, accuracy: dict, dp_reports: dict, th: dict,
                  inversion: dict) -> list[dict]:
-    """Table rows: mechanism, what is released, guarantee, accuracy (mean, sd, n), recovery."""
+    """Table rows: mechanism, what is released, guarantee, accuracy (mean, sd, n), recovery.
+    `accuracy`: (dataset, cell key) -> the dev accuracies of this invocation's runs; the none
+    and dχ cells without runs come from the qu_finetune section (`qu_rows`)."""
     rows = []
+    published = qu_rows(dataset)
     for cell in cells(dataset):
         acc = accuracy.get((dataset, cell.key))
-        if not acc:
+        if acc:
+            mean, sd = mean_sd(acc)
+            n = len(acc)
+        elif cell.key in published:
+            mean, sd, n = published[cell.key]
+        else:
             continue
-        mean, sd = mean_sd(acc)
-        row = dict(label=cell.label, key=cell.key, acc=mean, sd=sd, n=len(acc))
+        row = dict(label=cell.label, key=cell.key, acc=mean, sd=sd, n=n)
         if cell.key == "none":
             row.update(release="the text", guarantee="none", recovery=1.0,
                        attack="the text itself")
@@ -327,9 +364,10 @@ def report(tables: dict, wall: float, runs: list[dict]) -> str:
             f"{_TRAIN_EXAMPLES.value} rows of `<set>_train.tsv`, {_EPOCHS.value:g} epochs, batch "
             f"32, AdamW lr {_LR.value:g}, max 64 pieces, evaluated on all of `<set>_dev.tsv`; "
             "mean ± sd over n seeds (the recipe of `benchmarks/qu_finetune.py`, whose runs are "
-            "shared). TextHide: the paper's MLP head and soft labels; inter mixes public "
-            "sentences (another set's training file) into the even slots. DP-SGD: the vmap "
-            "clipper, C = 1, σ calibrated to the ε over the run's steps (Poisson sampling at "
+            "shared; the none and dχ cells that have no cached run here are that script's "
+            "section of this file, same recipe). TextHide: the paper's MLP head and soft labels; inter mixes public "
+            "sentences (another set's training file) into the even slots. DP-SGD: the config's "
+            "`dp.clipping=auto`, i.e. the mixed ghost clipper, C = 1, σ calibrated to the ε over the run's steps (Poisson sampling at "
             "32 / N). OME / SUE / OUE rows: `benchmarks/ome_sentiment.py` (frozen MiniLM mean "
             "pooling, z-scored, randomized bits, an MLP trained 20 epochs on ALL training rows; "
             "3 seeds), so their protocol differs from the fine-tuning rows; its section has the "
