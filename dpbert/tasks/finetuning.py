@@ -442,8 +442,9 @@ class FineTuningTask:
 
     def auto_clipping(self, config) -> str:
         """dp.clipping="auto": mixed ghost clipping (ghost norms of the word embedding's
-        lookups and the dense kernels, one backward; BENCHMARKS.md "DP-SGD fine-tuning step")
-        where the task and the input mode offer the factored loss, else vmap."""
+        lookups and the dense kernels, one backward; BENCHMARKS.md "Fine-tuning step:
+        classification on MiniLM's shape") where the task and the input mode offer the
+        factored loss, else vmap."""
         mode = _MODES.get(config.privacy.mode)   # an unknown mode is refused by validate
         if self.name in FACTORED_TASKS and mode is not None and "factored" in mode.loss_shapes:
             return "mixed_ghost"
