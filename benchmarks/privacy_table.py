@@ -325,8 +325,8 @@ def plot(tables: dict) -> None:
                             yerr=[p["sd"] for p in pts], fmt=style, color=color, capsize=3,
                             label=label, ms=7)
         for family, style, color, label in (
-                ("ome", "v-", "tab:green", "OME Theorem 1 (λ 1, 10, 50, 100; ε claimed 1)"),
-                ("ome_calibrated", "^-", "tab:olive", "OME calibrated (true ε 10 … 30,000)"),
+                ("ome", "v", "tab:green", "OME Theorem 1 (λ 1, 10, 50, 100; ε claimed 1)"),
+                ("ome_calibrated", "^", "tab:olive", "OME calibrated (true ε 10 … 30,000)"),
                 ("sue", "x", "tab:brown", "SUE ε 10"), ("oue", "+", "tab:gray", "OUE ε 10")):
             pts = [r for r in tables[ds] if r["key"] == family]
             if pts:
@@ -355,7 +355,8 @@ def report(tables: dict, wall: float, runs: list[dict]) -> str:
     load = os.getloadavg()[0]
     text = [HEADING, "",
             f"`PYTHONPATH=. python benchmarks/privacy_table.py --datasets={','.join(tables)} "
-            f"--seeds={_SEEDS.value} --train_examples={_TRAIN_EXAMPLES.value}` on "
+            f"--seeds={_SEEDS.value} --dp_seeds={_DP_SEEDS.value} "
+            f"--train_examples={_TRAIN_EXAMPLES.value}` on "
             f"{platform.machine()}, {os.cpu_count()} CPU cores; load average {load:.1f} at the "
             f"end; {wall / 60:.0f} min this invocation (runs are cached; the {len(runs)} "
             f"fine-tuning runs took {sum(r['wall_seconds'] for r in runs) / 60:.0f} min of their "
