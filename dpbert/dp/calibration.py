@@ -179,6 +179,10 @@ def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
 
     if prior and not ok(0):
         return 0
+    # The common case in a run: the budget covers every configured step (one accountant
+    # call instead of a search). Not for the open-ended default limit, which no run reaches.
+    if upper_limit < MAX_PLD_STEPS and ok(upper_limit):
+        return upper_limit
     if spec.accountant == "rdp":
         return _last_true(ok, 1, upper_limit, first_step=1)
     start = 1

@@ -347,3 +347,19 @@ def test_many_steps_of_a_sparse_pld_do_not_hang_and_match_the_accountant():
     start = time.perf_counter()
     assert 0 < spec.epsilon(10**7) < float("inf")
     assert time.perf_counter() - start < 60
+
+
+@pytest.mark.parametrize("spec", [
+    accounting.AccountingSpec(1.0, 16, 46, 1e-4, max_batch_size=21),  # the tests' small runs
+    accounting.AccountingSpec(0.8, 256, 60_000, 1e-5),
+    accounting.AccountingSpec(0.5, 64, 5_000, 1e-5, noise_mode="per_shard", num_shards=4),
+], ids=["truncated", "poisson", "per_shard"])
+def test_epsilon_reuses_the_single_step_pld_and_equals_the_accountant_bit_for_bit(spec):
+    """spec.epsilon composes the cached single-step PLD instead of letting a fresh
+    PLDAccountant rebuild it (seconds for truncated sampling, asked at every checkpoint).
+    The answer must be the accountant's float, at any step count, in any order of calls
+    (the cached PLD must not be changed by composing it)."""
+    for steps in (1, 7, 3, 7, 40):
+        direct = pld_privacy_accountant.PLDAccountant().compose(spec.event(steps)).get_epsilon(
+            spec.delta)
+        assert spec.epsilon(steps) == direct, steps
