@@ -365,21 +365,51 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
         value_discretization_interval=discretization)
 
 
-@functools.lru_cache(maxsize=64)
 def _accountant_pld_epsilon(single: pld_lib.PrivacyLossDistribution, steps: int,
                             delta: float, discretization: float) -> float:
     """What `PLDAccountant(discretization).compose(SelfComposedDpEvent(e, steps))
-    .get_epsilon(delta)` computes for the single-step event e whose PLD is `single`: the
-    same calls in the same order (identity, then the `steps`-fold self-composition of the
-    single-step PLD, then the epsilon query), so the same float, but on the cached
-    single-step PLD instead of a rebuilt one (seconds each time for truncated Poisson, and
-    a run asks at every checkpoint; cached too, as the last checkpoint and the final
-    report ask for the same step). `tests/dpbert/dp/test_accounting.py` checks the equality
-    with the accountant bit for bit.
+    .get_epsilon(delta)` computes for the single-step event e whose PLD is `single`."""
+    return _accountant_composed_epsilon(((single, steps),), delta, discretization)
+
+
+@functools.lru_cache(maxsize=64)
+def _accountant_composed_epsilon(parts: tuple, delta: float, discretization: float) -> float:
+    """What a fresh `PLDAccountant(discretization)` answers for the composition of
+    `SelfComposedDpEvent(e_i, steps_i)` in order, where `parts` = ((PLD of e_i, steps_i),
+    ...): the same calls in the same order (identity, then composing each `steps_i`-fold
+    self-composition of the single-step PLD, then the epsilon query), so the same float, but
+    on cached single-step PLDs instead of rebuilt ones (seconds each time for truncated
+    Poisson, and a run asks at every checkpoint; cached too, as the last checkpoint and the
+    final report ask for the same step). `tests/dpbert/dp/test_accounting.py` checks the
+    equality with the accountant bit for bit.
     """
-    composed = pld_lib.identity(value_discretization_interval=discretization).compose(
-        single.self_compose(steps))
+    composed = pld_lib.identity(value_discretization_interval=discretization)
+    for single, steps in parts:
+        composed = composed.compose(single.self_compose(steps))
     return float(composed.get_epsilon_for_delta(delta))
+
+
+def composed_epsilon(segments: list[tuple["AccountingSpec", int]]) -> float:
+    """Epsilon of the segments [(spec, steps), ...] run one after the other (a resumed run
+    whose mechanism changed), as a fresh accountant of their kind computes it for the
+    `ComposedDpEvent` of their events, at the first spec's delta. Every spec must have the
+    same delta and accountant (`dpbert.dp.ledger` checks). Segments of 0 steps are left out.
+    """
+    segments = [(spec, check_int("steps", steps, minimum=0)) for spec, steps in segments]
+    segments = [(spec, steps) for spec, steps in segments if steps > 0]
+    if not segments:
+        return 0.0
+    first = segments[0][0]
+    if len(segments) == 1:
+        return first.epsilon(segments[0][1])
+    if first.accountant == "pld":
+        grid = DEFAULT_PLD_DISCRETIZATION
+        parts = tuple((_single_step_pld(spec.effective_noise_multiplier, spec.q,
+                                        spec.num_examples, spec.max_batch_size, grid), steps)
+                      for spec, steps in segments)
+        return _accountant_composed_epsilon(parts, first.delta, grid)
+    return event_epsilon(dp_accounting.ComposedDpEvent(
+        [spec.event(steps) for spec, steps in segments]), first.delta, first.accountant)
 
 
 def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,

@@ -21,7 +21,7 @@ from dpbert.dp.pld_grid import MAX_PLD_STEPS
 from dpbert.dp.sampling import check_int
 from dpbert.dp.accounting import (AccountingSpec, CALIBRATION_RTOL, _check_positive,
                                   _fast_pld_epsilon, compute_epsilon, effective_noise_multiplier,
-                                  event_epsilon, make_dp_event)
+                                  composed_epsilon, make_dp_event)
 
 
 def _calibrate_sigma_eff(spec: AccountingSpec, steps: int, target_epsilon: float,
@@ -171,8 +171,7 @@ def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
     def epsilon(steps: int) -> float:
         if not prior:
             return spec.epsilon(steps)
-        events = [s.spec.event(s.steps) for s in prior] + ([spec.event(steps)] if steps else [])
-        return event_epsilon(dp_accounting.ComposedDpEvent(events), spec.delta, spec.accountant)
+        return composed_epsilon([(s.spec, s.steps) for s in prior] + [(spec, steps)])
 
     def ok(steps: int) -> bool:
         return (steps == 0 and not prior) or epsilon(steps) <= target_epsilon

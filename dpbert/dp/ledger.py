@@ -118,13 +118,13 @@ class PrivacyLedger:
                                               if s.steps > 0])
 
     def epsilon(self, steps: int) -> float:
-        """Epsilon of the whole run (a fresh dp_accounting accountant on `event`)."""
+        """Epsilon of the whole run (what a fresh dp_accounting accountant answers for
+        `event`)."""
         if steps == 0 and not self.closed_steps:
             return 0.0
         if not self.closed:
             return self.current.epsilon(steps)
-        return accounting.event_epsilon(self.event(steps), self.current.delta,
-                                        self.current.accountant)
+        return accounting.composed_epsilon([(s.spec, s.steps) for s in self.segments(steps)])
 
     def progress_epsilon(self, steps: int) -> float:
         """`epsilon` for progress logs (PLD: cached single-step distributions)."""

@@ -363,3 +363,18 @@ def test_epsilon_reuses_the_single_step_pld_and_equals_the_accountant_bit_for_bi
         direct = pld_privacy_accountant.PLDAccountant().compose(spec.event(steps)).get_epsilon(
             spec.delta)
         assert spec.epsilon(steps) == direct, steps
+
+
+def test_composed_segments_equal_the_accountant_on_their_composed_event_bit_for_bit():
+    """A resumed run whose mechanism changed (per-shard noise on another device count):
+    composed_epsilon on cached single-step PLDs is the accountant's float for the
+    ComposedDpEvent, and 0-step segments are left out as the ledger's event leaves them."""
+    one = accounting.AccountingSpec(1.0, 16, 46, 1e-4, max_batch_size=21, noise_mode="per_shard")
+    eight = one.replace(num_shards=8)
+    for segments in ([(one, 1), (eight, 2)], [(one, 3), (eight, 0), (one, 2)],
+                     [(eight, 5), (one, 4)]):
+        events = [spec.event(steps) for spec, steps in segments if steps]
+        direct = pld_privacy_accountant.PLDAccountant().compose(
+            dp_accounting.ComposedDpEvent(events)).get_epsilon(1e-4)
+        assert accounting.composed_epsilon(segments) == direct, segments
+    assert accounting.composed_epsilon([(one, 0)]) == 0.0
