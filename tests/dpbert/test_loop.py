@@ -162,7 +162,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_one_before(cache_dir, tmp_p
 
 @pytest.mark.slow
 def test_a_moved_workdir_exports_and_a_tampered_run_json_is_refused(cache_dir, tmp_path):
-    c = small_config(cache_dir, **{"train.num_steps": 2, "train.eval_every": 0,
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.eval_every": 0,
                                    "train.export_hf": False, "vocab.file": ""})
     pretraining.train_and_evaluate(c, tmp_path / "run")
     moved = tmp_path / "moved"

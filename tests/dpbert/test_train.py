@@ -240,7 +240,9 @@ def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
 @pytest.mark.slow
 def test_incompatible_checkpoint_is_refused(cache_dir, tmp_path):
     workdir = tmp_path / "run"
-    train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 2}), workdir)
+    # 3 steps, as in the other 8-device runs: the step count is compiled into the step (the
+    # schedule), so runs of the same count share one XLA compilation (the tests' cache).
+    train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 3}), workdir)
     with pytest.raises(checkpointing.IncompatibleCheckpointError,
                        match=r"dp.clip_norm: checkpoint=1.0 config=2.0"):
         train.train_and_evaluate(small_config(cache_dir, **{"dp.clip_norm": 2.0}), workdir)
@@ -365,8 +367,9 @@ def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
 
 @pytest.mark.slow
 def test_secret_randomness_differs_between_runs_of_the_same_command(cache_dir, tmp_path):
-    # Two steps: the learning rate of the first (warm-up) step is 0.
-    c = small_config(cache_dir, **{"train.num_steps": 2, "train.export_hf": False,
+    # At least two steps: the learning rate of the first (warm-up) step is 0 (3, to share the
+    # compiled step of the other 3-step runs).
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
                                    "train.eval_every": 0, "checkpoint.every_steps": 0,
                                    "dp.insecure_seeded_noise": False})
     for name in ("a", "b"):
@@ -461,7 +464,7 @@ def test_resume_on_changed_training_data_is_refused(cache_dir, tmp_path):
 
     corpus = tmp_path / "notes.txt.gz"
     synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
-    c = small_config(cache_dir, **{"train.num_steps": 1, "train.export_hf": False,
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
                                    "train.eval_every": 0, "data.corpus": "text",
                                    "data.paths": (str(corpus),)})
     train.train_and_evaluate(c, tmp_path / "run")
