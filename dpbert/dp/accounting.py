@@ -308,7 +308,8 @@ class AccountingSpec:
                 return pld_grid.accountant_equivalent_epsilon(single, steps, self.delta,
                                                       pld_discretization)
             if steps > 0:
-                return _accountant_pld_epsilon(single, steps, self.delta, pld_discretization)
+                return _accountant_composed_epsilon(((_mechanism(self), steps),), self.delta,
+                                                    pld_discretization)
         return event_epsilon(self.event(steps), self.delta, self.accountant,
                              pld_discretization)
 
@@ -365,26 +366,25 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
         value_discretization_interval=discretization)
 
 
-def _accountant_pld_epsilon(single: pld_lib.PrivacyLossDistribution, steps: int,
-                            delta: float, discretization: float) -> float:
-    """What `PLDAccountant(discretization).compose(SelfComposedDpEvent(e, steps))
-    .get_epsilon(delta)` computes for the single-step event e whose PLD is `single`."""
-    return _accountant_composed_epsilon(((single, steps),), delta, discretization)
+def _mechanism(spec: "AccountingSpec") -> tuple:
+    """The arguments of `_single_step_pld` that describe one step of `spec` (hashable)."""
+    return (spec.effective_noise_multiplier, spec.q, spec.num_examples, spec.max_batch_size)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=256)
 def _accountant_composed_epsilon(parts: tuple, delta: float, discretization: float) -> float:
-    """What a fresh `PLDAccountant(discretization)` answers for the composition of
-    `SelfComposedDpEvent(e_i, steps_i)` in order, where `parts` = ((PLD of e_i, steps_i),
-    ...): the same calls in the same order (identity, then composing each `steps_i`-fold
-    self-composition of the single-step PLD, then the epsilon query), so the same float, but
-    on cached single-step PLDs instead of rebuilt ones (seconds each time for truncated
-    Poisson, and a run asks at every checkpoint; cached too, as the last checkpoint and the
-    final report ask for the same step). `tests/dpbert/dp/test_accounting.py` checks the
-    equality with the accountant bit for bit.
+    """What a fresh `PLDAccountant(discretization)` answers for the composition, in order,
+    of `SelfComposedDpEvent(e_i, steps_i)` for `parts` = ((mechanism of e_i, steps_i), ...)
+    (`_mechanism`): the same calls in the same order (identity, then composing each
+    `steps_i`-fold self-composition of the single-step PLD, then the epsilon query), so the
+    same float, but on the cached single-step PLDs instead of rebuilt ones (seconds each time
+    for truncated Poisson, and a run asks at every checkpoint; cached too, as the last
+    checkpoint and the final report ask for the same step).
+    `tests/dpbert/dp/test_accounting.py` checks the equality with the accountant bit for bit.
     """
     composed = pld_lib.identity(value_discretization_interval=discretization)
-    for single, steps in parts:
+    for mechanism, steps in parts:
+        single = _single_step_pld(*mechanism, discretization)
         composed = composed.compose(single.self_compose(steps))
     return float(composed.get_epsilon_for_delta(delta))
 
@@ -403,11 +403,8 @@ def composed_epsilon(segments: list[tuple["AccountingSpec", int]]) -> float:
     if len(segments) == 1:
         return first.epsilon(segments[0][1])
     if first.accountant == "pld":
-        grid = DEFAULT_PLD_DISCRETIZATION
-        parts = tuple((_single_step_pld(spec.effective_noise_multiplier, spec.q,
-                                        spec.num_examples, spec.max_batch_size, grid), steps)
-                      for spec, steps in segments)
-        return _accountant_composed_epsilon(parts, first.delta, grid)
+        parts = tuple((_mechanism(spec), steps) for spec, steps in segments)
+        return _accountant_composed_epsilon(parts, first.delta, DEFAULT_PLD_DISCRETIZATION)
     return event_epsilon(dp_accounting.ComposedDpEvent(
         [spec.event(steps) for spec, steps in segments]), first.delta, first.accountant)
 
