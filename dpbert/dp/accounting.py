@@ -302,13 +302,13 @@ class AccountingSpec:
         steps = check_int("steps", steps, minimum=0)
         if self.accountant == "pld":
             pld_discretization = pld_discretization_for(self, steps, pld_discretization)
-            single = _single_step_pld(self.effective_noise_multiplier, self.q,
-                                      self.num_examples, self.max_batch_size, pld_discretization)
+            mechanism = _mechanism(self)
+            single = _single_step_pld(*mechanism, pld_discretization)
             if steps > 1 and pld_grid.sparse_self_compose_is_slow(single, steps):
                 return pld_grid.accountant_equivalent_epsilon(single, steps, self.delta,
                                                       pld_discretization)
             if steps > 0:
-                return _accountant_composed_epsilon(((_mechanism(self), steps),), self.delta,
+                return _accountant_composed_epsilon(((mechanism, steps),), self.delta,
                                                     pld_discretization)
         return event_epsilon(self.event(steps), self.delta, self.accountant,
                              pld_discretization)
