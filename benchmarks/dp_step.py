@@ -422,9 +422,10 @@ def bench_model(preset: str, devices: int) -> dict:
     steps = {"plain": bench.plain_step(b)}
     for c in clippers:
         steps["dp:" + c] = bench.dp_step(c, b)
+    # The default clipper's step with sigma = 0: what the noise adds to time and memory.
+    default = default_clipper() if default_clipper() in clippers else clippers[-1]
+    steps["dp_sigma0:" + default] = bench.dp_step(default, b, noise_multiplier=0.0)
     if not _COMPILE_ONLY.value:
-        default = default_clipper() if default_clipper() in clippers else clippers[-1]
-        steps["dp_sigma0:" + default] = bench.dp_step(default, b, noise_multiplier=0.0)
         steps["noise"] = bench.noise_only("dpbert")
         steps["noise_jax"] = bench.noise_only("jax")
     compiled, compile_s = {}, {}
@@ -484,17 +485,21 @@ def bench_model(preset: str, devices: int) -> dict:
     top = result["clippers"].get(default_clipper()) or result["clippers"][clippers[-1]]
     for k in ("time_ratio", "temp_memory_ratio", "flops_ratio", "max_microbatch_ratio"):
         result[k] = top[k]
+    sigma0 = "dp_sigma0:" + default
+    noisy = "dp:" + default
+    # Temp memory the noise adds to the step (the draw is made to wait for the clipped sum,
+    # `dpbert.dp.noise._after`; drawn in the middle of the backward it held erfinv's
+    # parameter-sized intermediates next to the activations).
+    result["noise"] = {"clipper": default, "temp_mib_added": (
+        temp_bytes(compiled[noisy]) - temp_bytes(compiled[sigma0])) / MIB}
     if times:
-        sigma0 = [k for k in steps if k.startswith("dp_sigma0:")][0]
-        noisy = "dp:" + sigma0.split(":", 1)[1]
-        result["noise"] = {
-            "clipper": sigma0.split(":", 1)[1],
+        result["noise"].update({
             "draw_s": statistics.median(times["noise"]), "draw_ratio": ratio("noise"),
             "jax_draw_s": statistics.median(times["noise_jax"]),
             "jax_draw_ratio": ratio("noise_jax"),
             # (DP step - DP step with sigma = 0) / non-private step, per round.
             "in_step_ratio": statistics.median(
-                [(d - z) / p for d, z, p in zip(times[noisy], times[sigma0], times["plain"])])}
+                [(d - z) / p for d, z, p in zip(times[noisy], times[sigma0], times["plain"])])})
     return result
 
 
@@ -550,20 +555,26 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
                 f"{_x(e['flops_ratio'])} | {_x(e['bytes_accessed_ratio'])} | "
                 f"{e['max_microbatch']} / {p['max_microbatch']} | "
                 f"{_x(e['max_microbatch_ratio'])} |")
-    if any("noise" in r for r in rows):
+    if timed:
         lines += ["", "The noise: `noisy_gradient` on a zero sum (one N(0, sigma^2 C^2) float32 "
                   "array per parameter, drawn spread over the devices, result replicated) with "
                   "dpbert's generator and with `jax.random.normal` (same values), and inside the "
-                  "step: (DP step - the same step with sigma = 0) / non-private step.", "",
+                  "step: (DP step - the same step with sigma = 0) / non-private step; temp "
+                  "memory the noise adds: DP step - the same step with sigma = 0.", "",
                   "| model | devices | draw s | draw / non-DP | jax.random draw s | "
-                  "jax.random / non-DP | in the step (clipper) |", "|---|---|---|---|---|---|---|"]
+                  "jax.random / non-DP | in the step (clipper) | temp MiB added |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            if "noise" in r:
-                n = r["noise"]
-                lines.append(f"| {r['model']} | {r['devices']} | {n['draw_s']:.3f} | "
-                             f"{_x(n['draw_ratio'], 3)} | {n['jax_draw_s']:.3f} | "
-                             f"{_x(n['jax_draw_ratio'], 3)} | {_x(n['in_step_ratio'], 3)} "
-                             f"({n['clipper']}) |")
+            n = r["noise"]
+            lines.append(f"| {r['model']} | {r['devices']} | {n['draw_s']:.3f} | "
+                         f"{_x(n['draw_ratio'], 3)} | {n['jax_draw_s']:.3f} | "
+                         f"{_x(n['jax_draw_ratio'], 3)} | {_x(n['in_step_ratio'], 3)} "
+                         f"({n['clipper']}) | {n['temp_mib_added']:.1f} |")
+    else:
+        lines += ["", "Temp memory the noise adds (DP step - the same step with sigma = 0, "
+                  "MiB): " + "; ".join(f"{r['model']} x{r['devices']} "
+                                       f"{r['noise']['clipper']} {r['noise']['temp_mib_added']:.1f}"
+                                       for r in rows) + "."]
     caps = sorted({memory_cap(r["model"]) / MIB for r in rows})
     lines += ["", f"Max microbatch: the largest global microbatch (devices x 2^k, physical batch "
               f"{_SEARCH_BATCH.value}) whose step compiles under "

@@ -178,6 +178,28 @@ def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
     return jax.tree.unflatten(treedef, out)
 
 
+def _after(key: jax.Array, x: jax.Array) -> jax.Array:
+    """`key`, bit for bit, made to wait for `x`.
+
+    The noise does not depend on the data, so XLA's scheduler may draw it anywhere in the
+    step, e.g. in the middle of the backward pass, and then holds the draw's
+    parameter-sized intermediates (erfinv's log and sqrt of every leaf) next to the
+    activations: BERT-base's DP step had 0.84 GB more temp memory than the same step with
+    sigma = 0 (1.13x the non-private step's, against 1.00x).  An optimization barrier does
+    not survive XLA's CPU pipeline (it becomes control dependencies that fusion drops), so
+    the key takes a data dependency on `x` instead: with v = sum(x) (a reduction works on
+    any sharding), ``isnan(v) & ~isnan(v)`` is False for every v (NaN and inf included), so
+    the key's bits are unchanged whatever the data.
+    """
+    v = jnp.sum(x)
+    nan = jnp.isnan(v)
+    zero = (nan & ~nan).astype(jnp.uint32)
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(jax.random.key_data(key) ^ zero,
+                                        impl=jax.random.key_impl(key))
+    return key ^ zero
+
+
 def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
               trainable: trees.TrainableFilter = None,
               draw_sharding: DrawSharding | None = None) -> PyTree:
@@ -198,5 +220,11 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
             raise TypeError(f"clipped sum leaf has dtype {leaf.dtype}; noise is added to "
                             "the float32 sum, with nothing in between")
     mask = trees.resolve_trainable_mask(clipped_sum, trainable)
+    # Any trainable leaf will do: every clipped sum waits for every norm, i.e. for the
+    # whole backward pass.  The smallest one costs least to reduce.
+    trained = [leaf for leaf, t in zip(jax.tree.leaves(clipped_sum), jax.tree.leaves(mask))
+               if t]
+    if trained and stddev > 0:
+        key = _after(key, min(trained, key=lambda leaf: leaf.size))
     noise = gaussian_noise(clipped_sum, key, stddev, mask, draw_sharding)
     return jax.tree.map(jnp.add, clipped_sum, noise)

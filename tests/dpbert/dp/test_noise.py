@@ -108,6 +108,26 @@ def test_noise_is_float32_on_the_float32_sum_only():
     np.testing.assert_array_equal(noise.add_noise(x, key, 0.0)["w"], x["w"])
 
 
+@pytest.mark.parametrize("typed", [False, True])
+@pytest.mark.parametrize("value", [0.0, -3.5, math.nan, math.inf, -math.inf])
+def test_the_noise_key_waits_for_the_sum_without_changing_a_bit(typed, value):
+    """`add_noise` ties the key to the sum (so XLA draws the noise after the backward pass);
+    the key's bits, hence the noise, are the same whatever the sum holds, NaN and inf too."""
+    key = jax.random.key(5) if typed else jax.random.PRNGKey(5)
+    x = jnp.full((3, 4), value, jnp.float32)
+    after = jax.jit(noise._after)(key, x)
+    data = (lambda k: jax.random.key_data(k)) if typed else (lambda k: k)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(data(after)), np.asarray(data(key)))
+    if typed:
+        assert jax.random.key_impl(after) == jax.random.key_impl(key)
+    # The whole path: finite sums get exactly sum + the draw of the untied key.
+    tree = {"big": jnp.arange(12.0).reshape(3, 4), "small": jnp.full((2,), 7.0)}
+    got = jax.jit(lambda t: noise.add_noise(t, key, 1.5))(tree)
+    want = jax.jit(lambda t: jax.tree.map(jnp.add, t, noise.gaussian_noise(t, key, 1.5)))(tree)
+    for k in tree:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+
+
 def test_frozen_leaves_get_no_noise():
     tree = {"frozen": jnp.zeros((100,)), "train": jnp.zeros((100,))}
     out = noise.add_noise(tree, jax.random.PRNGKey(0), 1.0,
