@@ -52,6 +52,10 @@ _CLIPPERS = flags.DEFINE_list("clippers", ["vmap", "ghost_embedding", "mixed_gho
                               "DP clippers (dp.clipping values).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Global physical batch size.")
+_NOISE_DRAW = flags.DEFINE_enum(
+    "noise_draw", "replicated", ["replicated", "spread"],
+    "Where a replicated parameter's noise is drawn: on every device (the trainer's layout) "
+    "or 1/P per device, then all-gathered.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Sequence length.")
 _PREDS = flags.DEFINE_integer("preds", 20, "Masked LM predictions per sequence.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (BERT uncased).")
@@ -262,11 +266,12 @@ class Bench:
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size, num_shards=self.devices)
         clip, factored = make_clipper(clipper, config, trainable)
-        # As the trainer does: every device draws its part of the noise.
+        # As the trainer does (dpbert.loop): replicated noise drawn on every device
+        # (--noise_draw=spread: each device draws 1/P of it, then it is all-gathered).
+        spread = sharding.spread_over_devices(self.mesh) if _NOISE_DRAW.value == "spread" else None
         return accumulation.DPAggregator(
             config, self.factored_loss if factored else self.loss_fn, self.optimizer,
-            trainable=trainable, clipper=clip,
-            noise_draw_sharding=sharding.spread_over_devices(self.mesh))
+            trainable=trainable, clipper=clip, noise_draw_sharding=spread)
 
     def dp_step(self, clipper: str, microbatch_size: int, batch_size: int | None = None,
                 noise_multiplier: float = 1.0):
@@ -557,7 +562,7 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
                 f"{_x(e['max_microbatch_ratio'])} |")
     if timed:
         lines += ["", "The noise: `noisy_gradient` on a zero sum (one N(0, sigma^2 C^2) float32 "
-                  "array per parameter, drawn spread over the devices, result replicated) with "
+                  f"array per parameter, drawn {_NOISE_DRAW.value}, result replicated) with "
                   "dpbert's generator and with `jax.random.normal` (same values), and inside the "
                   "step: (DP step - the same step with sigma = 0) / non-private step; temp "
                   "memory the noise adds: DP step - the same step with sigma = 0.", "",
