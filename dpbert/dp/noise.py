@@ -32,6 +32,11 @@ XLA's CPU lowering of JAX's own threefry runs its 20 rounds as a rolled loop tha
 materialises the [2, n] state between rounds; unrolled, the whole draw (and the
 add and the division that follow it) fuses into one loop over the leaf, about 3x
 faster on CPU.  Each device computes only the counters of the slice it holds.
+
+Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
+key's bits), so XLA draws the noise after the backward pass instead of holding the draw's
+parameter-sized intermediates next to the activations (BERT-base: 1.13x -> 1.00x the
+non-private step's temp memory).
 """
 
 from __future__ import annotations
