@@ -132,7 +132,7 @@ def test_the_noise_is_not_held_through_the_backward_pass():
     """Compile-only: a DP step's temp memory is the same with noise as without (the draw
     waits for the clipped sum).  Without the tie (`_after` an identity) XLA draws the noise
     during the backward pass of this step and holds a parameter-sized buffer there (+2 MiB,
-    the parameters' size; BERT-base: +0.84 GB)."""
+    the parameters' size; BERT-base: +838 MiB)."""
     t, d, f = 64, 256, 1024
 
     def loss(p, ex, rng):
