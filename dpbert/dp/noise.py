@@ -192,9 +192,9 @@ def _after(key: jax.Array, x: jax.Array) -> jax.Array:
     activations: BERT-base's DP step had 838 MiB more temp memory than the same step with
     sigma = 0 (1.13x the non-private step's, against 1.00x).  An optimization barrier on
     (sum, key) changed nothing (none is left in the optimized HLO, and the draw still came
-    early), so the key takes a data dependency on `x` instead: with v = sum(x) (a reduction works on
-    any sharding), ``isnan(v) & ~isnan(v)`` is False for every v (NaN and inf included), so
-    the key's bits are unchanged whatever the data.
+    early), so the key takes a data dependency on `x` instead: with v = sum(x) (a reduction
+    works on any sharding), ``isnan(v) & ~isnan(v)`` is False for every v (NaN and inf
+    included), so the key's bits are unchanged whatever the data.
     """
     v = jnp.sum(x)
     nan = jnp.isnan(v)
