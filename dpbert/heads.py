@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dpbert import model as model_lib
+from dpbert import prng
 
 SEQ_REP_SOURCES = ("pooled", "cls_hidden")
 
@@ -66,7 +67,7 @@ class BertForSequenceClassification(nnx.Module):
         self.labels = _label_names(labels)
         self.classifier_dropout = classifier_dropout
         self.bert = model_lib.BertModel(config, rngs=rngs)
-        self.dropout = nnx.Dropout(_dropout_rate(config, classifier_dropout))
+        self.dropout = prng.Dropout(_dropout_rate(config, classifier_dropout))
         self.classifier = model_lib._dense(config, config.hidden_size, len(self.labels),
                                            ("embed", "classes"), rngs=rngs)
 
@@ -111,7 +112,7 @@ class BertForTokenClassification(nnx.Module):
         self.labels = _label_names(labels)
         self.classifier_dropout = classifier_dropout
         self.bert = model_lib.BertModel(config, rngs=rngs, add_pooling_layer=False)
-        self.dropout = nnx.Dropout(_dropout_rate(config, classifier_dropout))
+        self.dropout = prng.Dropout(_dropout_rate(config, classifier_dropout))
         self.classifier = model_lib._dense(config, config.hidden_size, len(self.labels),
                                            ("embed", "classes"), rngs=rngs)
 

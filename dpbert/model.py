@@ -44,6 +44,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpbert import prng
+
 # Size presets: (num_hidden_layers, hidden_size, num_attention_heads). The intermediate (MLP)
 # size is 4 x hidden as in every published BERT.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -253,7 +255,7 @@ class BertEmbeddings(nnx.Module):
         self.token_type_embeddings = _embed(
             config, config.type_vocab_size, ("type_vocab", "embed"), rngs=rngs)
         self.LayerNorm = _layer_norm(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.dropout = prng.Dropout(config.hidden_dropout_prob)
 
     def __call__(self, input_ids: jax.Array, segment_ids: jax.Array, *, deterministic: bool,
                  rngs: nnx.Rngs | None, word_embeddings: jax.Array | None = None) -> jax.Array:
@@ -281,7 +283,7 @@ class BertSelfAttention(nnx.Module):
         self.query = _dense(config, h, h, ("embed", "heads"), rngs=rngs)
         self.key = _dense(config, h, h, ("embed", "heads"), rngs=rngs)
         self.value = _dense(config, h, h, ("embed", "heads"), rngs=rngs)
-        self.dropout = nnx.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = prng.Dropout(config.attention_probs_dropout_prob)
 
     def __call__(self, x: jax.Array, mask_bias: jax.Array, *, deterministic: bool,
                  rngs: nnx.Rngs | None) -> jax.Array:
@@ -302,7 +304,7 @@ class BertSelfOutput(nnx.Module):
     def __init__(self, config: BertConfig, din: int, axes: tuple[str, str], *, rngs: nnx.Rngs):
         self.dense = _dense(config, din, config.hidden_size, axes, rngs=rngs)
         self.LayerNorm = _layer_norm(config, rngs=rngs)
-        self.dropout = nnx.Dropout(config.hidden_dropout_prob)
+        self.dropout = prng.Dropout(config.hidden_dropout_prob)
 
     def __call__(self, x: jax.Array, residual: jax.Array, *, deterministic: bool,
                  rngs: nnx.Rngs | None) -> jax.Array:

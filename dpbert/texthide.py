@@ -57,6 +57,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dpbert import prng
+
 INFINITE_POOL = -1  # m = ∞: a fresh uniform mask per example per step (official code: −1)
 LABEL_MODES = ("paper", "code")
 TASKS = ("classification", "regression")
@@ -430,7 +432,7 @@ class TextHideHead(nnx.Module):
             self.hidden = nnx.List([dense(widths[i], widths[i + 1])
                                     for i in range(self.num_hidden_layers)])
         self.out_proj = dense(hidden, num_classes)
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = prng.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None) -> jax.Array:

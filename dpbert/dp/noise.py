@@ -25,8 +25,8 @@ the accountant must then be given sigma * sqrt(P)
 Keys: leaf i of logical step t uses ``fold_in(fold_in(step_key_base, t), i)``
 (see `accumulation.DPAggregator`), so keys never repeat across steps or leaves.
 
-Speed: `threefry_normal` is ``jax.random.normal`` re-written as one elementwise
-function of a counter (threefry2x32 with 20 rounds, the mantissa trick for a
+Speed: `threefry_normal` (`dpbert.prng`) is ``jax.random.normal`` re-written as one
+elementwise function of a counter (threefry2x32 with 20 rounds, the mantissa trick for a
 uniform, ``sqrt(2) erfinv``), bit for bit the same values for threefry keys.
 XLA's CPU lowering of JAX's own threefry runs its 20 rounds as a rolled loop that
 materialises the [2, n] state between rounds; unrolled, the whole draw (and the
@@ -47,8 +47,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-import numpy as np
-
+from dpbert import prng
 from dpbert.dp import trees
 from dpbert.dp.accounting import NOISE_MODES
 
@@ -81,71 +80,16 @@ def noise_stddev(clip_norm: float, noise_multiplier: float, noise_mode: str = "g
     return std
 
 
-# Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
-_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
-
-
-def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
-                  ) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32, 20 rounds, unrolled: the block function of JAX's threefry PRNG."""
-    u32 = lambda v: jnp.asarray(v, jnp.uint32)  # noqa: E731
-    ks = (k0, k1, k0 ^ k1 ^ u32(0x1BD11BDA))
-    x0, x1 = x0 + ks[0], x1 + ks[1]
-    for r in range(20):
-        rot = _ROTATIONS[r % 8]
-        x0 = x0 + x1
-        x1 = ((x1 << u32(rot)) | (x1 >> u32(32 - rot))) ^ x0
-        if r % 4 == 3:
-            s = r // 4 + 1
-            x0 = x0 + ks[s % 3]
-            x1 = x1 + ks[(s + 1) % 3] + u32(s)
-    return x0, x1
-
-
-def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) -> jax.Array:
-    """uint32 [shape]: the row-major position of every element (built from per-axis iotas,
-    so that a sharded array's devices each compute only their own slice)."""
-    index = None
-    stride = 1
-    for axis in reversed(range(len(shape))):
-        iota = jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding)
-        term = iota if stride == 1 else iota * jnp.uint32(stride)
-        index = term if index is None else index + term
-        stride *= shape[axis]
-    if index is None:  # a scalar
-        index = jnp.zeros(shape, jnp.uint32, out_sharding=sharding)
-    return index
-
-
 def threefry_normal(key: jax.Array, shape: tuple[int, ...],
                     sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``.
 
-    For threefry2x32 keys (the JAX default; a raw uint32[2] key or a typed key) with
-    ``jax_threefry_partitionable`` on (the default since JAX 0.5); any other key type
-    is passed to ``jax.random.normal``.  `sharding`: the output's sharding under
-    Explicit mesh axes (None otherwise).
+    `dpbert.prng.standard_normal`: the unrolled threefry for threefry2x32 keys (a raw
+    uint32[2] key or a typed key) with ``jax_threefry_partitionable`` on (the default since
+    JAX 0.5); any other key type is passed to ``jax.random.normal``.  `sharding`: the
+    output's sharding under Explicit mesh axes (None otherwise).
     """
-    shape = tuple(int(d) for d in shape)
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    impl = str(jax.random.key_impl(key)) if typed else "threefry2x32"
-    if ("threefry2x32" not in impl or not jax.config.jax_threefry_partitionable
-            or math.prod(shape) >= 2 ** 32):
-        return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
-    data = jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
-    if data.shape != (2,):
-        raise ValueError(f"expected a single threefry key (uint32[2]), got shape {data.shape}")
-    low = _flat_index(shape, sharding)
-    # jax.random: counter (high word, low word) = (0, flat index); bits = out0 ^ out1.
-    b0, b1 = _threefry2x32(data[0], data[1], jnp.zeros_like(low), low)
-    bits = b0 ^ b1
-    # uniform in [-1, 1) from the 23 mantissa bits, floored at nextafter(-1, 0); then
-    # sqrt(2) erfinv, exactly as jax.random.uniform / jax.random.normal do it.
-    one = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000),
-                                       jnp.float32) - jnp.float32(1.0)
-    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
-    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
-    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
+    return prng.standard_normal(key, shape, sharding)
 
 
 DrawSharding = Callable[[tuple[int, ...]], jax.sharding.Sharding | None]

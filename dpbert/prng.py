@@ -1,0 +1,161 @@
+"""Counter-based random bits, bit for bit JAX's, unrolled for speed: the DP noise and dropout.
+
+`random_bits(key, shape)` equals ``jax.random.bits(key, shape, jnp.uint32)`` for threefry2x32
+keys (raw uint32[2] or typed; the JAX default) with ``jax_threefry_partitionable`` on (the
+default since JAX 0.5): element at row-major position n is ``out0 ^ out1`` of threefry2x32 with
+20 rounds on the counter (0, n).  XLA's CPU lowering of JAX's own threefry runs the 20 rounds as
+a rolled loop that writes the [2, n] state out between rounds; unrolled, the rounds and whatever
+consumes the bits (the Gaussian transform of `dpbert.dp.noise`, dropout's comparison and
+select) fuse into one loop over the array, about 3x faster on CPU for the noise.  Each device
+computes only the counters of the slice it holds (`sharding`), so a sharded draw is the same
+draw.  Any other key type, or an array of 2^32 elements or more, goes to ``jax.random`` itself.
+
+`Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
+same output and gradient, bit for bit, for the same key (tested), in less time (BERT mini's
+non-private step on one CPU device: 7 % less).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax.nnx.module import first_from
+
+# Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
+_ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+
+
+def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+    """Threefry-2x32, 20 rounds, unrolled: the block function of JAX's threefry PRNG."""
+    u32 = lambda v: jnp.asarray(v, jnp.uint32)  # noqa: E731
+    ks = (k0, k1, k0 ^ k1 ^ u32(0x1BD11BDA))
+    x0, x1 = x0 + ks[0], x1 + ks[1]
+    for r in range(20):
+        rot = _ROTATIONS[r % 8]
+        x0 = x0 + x1
+        x1 = ((x1 << u32(rot)) | (x1 >> u32(32 - rot))) ^ x0
+        if r % 4 == 3:
+            s = r // 4 + 1
+            x0 = x0 + ks[s % 3]
+            x1 = x1 + ks[(s + 1) % 3] + u32(s)
+    return x0, x1
+
+
+def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) -> jax.Array:
+    """uint32 [shape]: the row-major position of every element (built from per-axis iotas,
+    so that a sharded array's devices each compute only their own slice)."""
+    index = None
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        iota = jax.lax.broadcasted_iota(jnp.uint32, shape, axis, out_sharding=sharding)
+        term = iota if stride == 1 else iota * jnp.uint32(stride)
+        index = term if index is None else index + term
+        stride *= shape[axis]
+    if index is None:  # a scalar
+        index = jnp.zeros(shape, jnp.uint32, out_sharding=sharding)
+    return index
+
+
+def _threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
+    """The key's uint32[2] words when the unrolled generator reproduces jax.random, else None."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    impl = str(jax.random.key_impl(key)) if typed else "threefry2x32"
+    if ("threefry2x32" not in impl or not jax.config.jax_threefry_partitionable
+            or math.prod(shape) >= 2 ** 32):
+        return None
+    data = jax.random.key_data(key) if typed else jnp.asarray(key, jnp.uint32)
+    if data.shape != (2,):
+        raise ValueError(f"expected a single threefry key (uint32[2]), got shape {data.shape}")
+    return data
+
+
+def random_bits(key: jax.Array, shape: tuple[int, ...],
+                sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """uint32 bits of `shape`, bitwise equal to ``jax.random.bits(key, shape, jnp.uint32)``.
+
+    `sharding`: the output's sharding under Explicit mesh axes (None otherwise).
+    """
+    shape = tuple(int(d) for d in shape)
+    data = _threefry_key_words(key, shape)
+    if data is None:
+        return jax.random.bits(key, shape, jnp.uint32, out_sharding=sharding)
+    low = _flat_index(shape, sharding)
+    # jax.random: counter (high word, low word) = (0, flat index); bits = out0 ^ out1.
+    b0, b1 = _threefry2x32(data[0], data[1], jnp.zeros_like(low), low)
+    return b0 ^ b1
+
+
+def unit_float(bits: jax.Array) -> jax.Array:
+    """float32 in [0, 1) from the 23 high mantissa bits, as ``jax.random.uniform`` makes it."""
+    return jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000),
+                                        jnp.float32) - jnp.float32(1.0)
+
+
+def standard_normal(key: jax.Array, shape: tuple[int, ...],
+                    sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``
+    (`random_bits`, then jax.random's uniform in [-1, 1) and sqrt(2) erfinv)."""
+    shape = tuple(int(d) for d in shape)
+    if _threefry_key_words(key, shape) is None:
+        return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
+    one = unit_float(random_bits(key, shape, sharding))
+    # uniform in [-1, 1), floored at nextafter(-1, 0), exactly as jax.random.normal does it.
+    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
+    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
+    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
+
+
+def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
+              sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+    """bool of `shape`, bitwise equal to ``jax.random.bernoulli(key, p, shape)`` (float32 p)."""
+    shape = tuple(int(d) for d in shape)
+    if _threefry_key_words(key, shape) is None:
+        return jax.random.bernoulli(key, p, shape, out_sharding=sharding)
+    return unit_float(random_bits(key, shape, sharding)) < jnp.float32(p)
+
+
+def _explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and any(
+            t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
+        return sharding
+    return None
+
+
+class Dropout(nnx.Dropout):
+    """``nnx.Dropout`` (same arguments, same mask for the same key) drawing its mask with
+    `bernoulli` instead of ``jax.random.bernoulli``."""
+
+    def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
+        deterministic = first_from(
+            deterministic, self.deterministic,
+            error_msg="no `deterministic` argument was provided to Dropout as either a "
+                      "__call__ argument or class attribute")
+        if self.rate == 0.0 or deterministic:
+            return inputs
+        if self.rate == 1.0:
+            return jnp.zeros_like(inputs)
+        rngs = first_from(
+            rngs, self.rngs,
+            error_msg="`deterministic` is False, but no `rngs` argument was provided to "
+                      "Dropout as either a __call__ argument or class attribute.")
+        if isinstance(rngs, nnx.Rngs):
+            key = rngs[self.rng_collection]()
+        elif isinstance(rngs, nnx.RngStream):
+            key = rngs()
+        elif isinstance(rngs, jax.Array):
+            key = rngs
+        else:
+            raise TypeError(f"rngs must be a Rngs, RngStream or jax.Array, got {type(rngs)}")
+        keep_prob = 1.0 - self.rate
+        shape = list(inputs.shape)
+        for dim in self.broadcast_dims:
+            shape[dim] = 1
+        mask = bernoulli(key, keep_prob, tuple(shape), _explicit_sharding(inputs))
+        mask = jnp.broadcast_to(mask, inputs.shape)
+        return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))

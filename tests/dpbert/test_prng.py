@@ -1,0 +1,143 @@
+"""dpbert.prng: the unrolled threefry gives jax.random's bits, and its Dropout nnx.Dropout's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+from dpbert import model as model_lib
+from dpbert import prng
+
+SHAPES = [(), (1,), (7, 3, 5), (4099,), (2, 3, 128, 128)]
+
+
+def _keys():
+    return (jax.random.PRNGKey(5), jax.random.key(123),
+            jax.random.fold_in(jax.random.PRNGKey(0), 2 ** 31 + 7))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_random_bits_are_jax_random_bits(shape):
+    fast_fn = jax.jit(lambda k: prng.random_bits(k, shape))
+    ref_fn = jax.jit(lambda k: jax.random.bits(k, shape, jnp.uint32))
+    for key in _keys():
+        fast = fast_fn(key)
+        assert fast.dtype == jnp.uint32 and fast.shape == shape
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref_fn(key)))
+
+
+@pytest.mark.parametrize("p", [0.9, 0.5, 0.0, 1.0, 1e-7])
+def test_bernoulli_is_jax_random_bernoulli(p):
+    shape = (5, 64, 33)
+    for key in _keys():
+        fast = jax.jit(lambda k: prng.bernoulli(k, p, shape))(key)
+        ref = jax.jit(lambda k: jax.random.bernoulli(k, p, shape))(key)
+        assert fast.dtype == jnp.bool_
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+
+
+def test_vmapped_keys_give_each_key_its_own_stream():
+    keys = jax.random.split(jax.random.key(7), 6)
+    fast = jax.jit(jax.vmap(lambda k: prng.bernoulli(k, 0.8, (9, 11))))(keys)
+    ref = jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, (9, 11)))(keys)
+    np.testing.assert_array_equal(np.asarray(fast), np.asarray(ref))
+    assert len({np.asarray(row).tobytes() for row in fast}) == len(keys)
+
+
+def test_sharded_bits_over_8_devices_are_the_same_draw():
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    key = jax.random.key(9)
+    sh = NamedSharding(mesh, P("data"))
+    with jax.set_mesh(mesh):
+        out = jax.jit(lambda k: prng.random_bits(k, (64, 40), sh))(key)
+    assert out.sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(out),
+                                  np.asarray(jax.random.bits(key, (64, 40), jnp.uint32)))
+
+
+def test_other_key_types_go_to_jax_random():
+    key = jax.random.key(3, impl="rbg")
+    np.testing.assert_array_equal(np.asarray(prng.random_bits(key, (4, 5))),
+                                  np.asarray(jax.random.bits(key, (4, 5), jnp.uint32)))
+    np.testing.assert_array_equal(np.asarray(prng.standard_normal(key, (4, 5))),
+                                  np.asarray(jax.random.normal(key, (4, 5))))
+    np.testing.assert_array_equal(np.asarray(prng.bernoulli(key, 0.3, (4, 5))),
+                                  np.asarray(jax.random.bernoulli(key, 0.3, (4, 5))))
+
+
+def _both(rate, **kw):
+    return prng.Dropout(rate, **kw), nnx.Dropout(rate, **kw)
+
+
+@pytest.mark.parametrize("broadcast_dims", [(), (0,), (-1,), (1, 2)])
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_output_and_gradient_are_nnx_dropouts(rate, broadcast_dims):
+    x = jax.random.normal(jax.random.key(0), (4, 16, 8))
+    ours, theirs = _both(rate, broadcast_dims=broadcast_dims)
+    for make_rngs in (lambda: jax.random.key(1), lambda: jax.random.PRNGKey(2),
+                      lambda: nnx.Rngs(dropout=3), lambda: nnx.Rngs(dropout=3).dropout):
+
+        def loss(module, x):
+            return jnp.sum(jnp.sin(module(x, deterministic=False, rngs=make_rngs())))
+
+        a, b = ours(x, deterministic=False, rngs=make_rngs()), theirs(
+            x, deterministic=False, rngs=make_rngs())
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        ga = jax.jit(jax.grad(lambda x: loss(ours, x)))(x)
+        gb = jax.jit(jax.grad(lambda x: loss(theirs, x)))(x)
+        np.testing.assert_array_equal(np.asarray(ga), np.asarray(gb))
+    # Something was dropped, and the kept values are rescaled.
+    x = jax.random.normal(jax.random.key(0), (64, 16, 8))
+    out = np.asarray(ours(x, deterministic=False, rngs=jax.random.key(1)))
+    dropped = out == 0
+    assert 0 < dropped.mean() < 1
+    np.testing.assert_allclose(out[~dropped], np.asarray(x)[~dropped] / (1 - rate), rtol=1e-6)
+
+
+def test_dropout_edge_cases_match_nnx():
+    x = jnp.arange(12.0).reshape(3, 4)
+    for rate in (0.0, 1.0):
+        ours, theirs = _both(rate)
+        np.testing.assert_array_equal(
+            np.asarray(ours(x, deterministic=False, rngs=jax.random.key(0))),
+            np.asarray(theirs(x, deterministic=False, rngs=jax.random.key(0))))
+    ours, _ = _both(0.5)
+    np.testing.assert_array_equal(np.asarray(ours(x, deterministic=True)), np.asarray(x))
+    with pytest.raises(ValueError, match="deterministic"):
+        ours(x)
+    with pytest.raises(ValueError, match="rngs"):
+        ours(x, deterministic=False)
+    with pytest.raises(TypeError, match="rngs must be"):
+        ours(x, deterministic=False, rngs=3)
+
+
+def test_bert_with_dropout_on_is_the_same_as_with_nnx_dropout():
+    """The whole model, dropout on, vmapped over per-example keys as the DP clippers do it:
+    the same activations as with flax's own Dropout in every place."""
+    config = model_lib.BertConfig.preset("tiny", 97, max_position_embeddings=16)
+    model = model_lib.create_model(config)
+    ids = jax.random.randint(jax.random.key(4), (3, 16), 0, 97)
+    batch = dict(input_ids=ids, segment_ids=jnp.zeros_like(ids),
+                 input_mask=jnp.ones_like(ids))
+    keys = jax.random.split(jax.random.key(11), 3)
+
+    def run(m):
+        def one(example, key):
+            ex = {k: v[None] for k, v in example.items()}
+            out = m(ex["input_ids"], ex["segment_ids"], ex["input_mask"], deterministic=False,
+                    rngs=nnx.Rngs(dropout=key))
+            return jax.tree.leaves(out)[0]
+        return np.asarray(jax.vmap(one)(batch, keys))
+
+    ours = run(model)
+    swapped = 0
+    for _, module in nnx.iter_graph(model):
+        if type(module) is prng.Dropout:
+            module.__class__ = nnx.Dropout
+            swapped += 1
+    assert swapped >= 1 + 3 * config.num_hidden_layers
+    theirs = run(model)
+    np.testing.assert_array_equal(ours, theirs)
+    assert not np.array_equal(ours, run(lambda *a, **k: model(*a[:3], deterministic=True)))
