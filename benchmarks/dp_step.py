@@ -53,9 +53,10 @@ _CLIPPERS = flags.DEFINE_list("clippers", ["vmap", "ghost_embedding", "mixed_gho
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute dtype.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Global physical batch size.")
 _NOISE_DRAW = flags.DEFINE_enum(
-    "noise_draw", "replicated", ["replicated", "spread"],
-    "Where a replicated parameter's noise is drawn: on every device (the trainer's layout) "
-    "or 1/P per device, then all-gathered.")
+    "noise_draw", "spread", ["replicated", "spread"],
+    "Where a replicated parameter's noise is added: to each device's slice of the reduced "
+    "sum, then all-gathered (the trainer's layout, sharding.noise_layouts), or drawn whole "
+    "on every device.")
 _SEQ = flags.DEFINE_integer("seq_len", 128, "Sequence length.")
 _PREDS = flags.DEFINE_integer("preds", 20, "Masked LM predictions per sequence.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocabulary size (BERT uncased).")
@@ -261,22 +262,25 @@ class Bench:
         return jax.tree.map(sds, self.batch), sds(self.mask)
 
     def aggregator(self, clipper: str, microbatch_size: int | None = None,
-                   noise_multiplier: float = 1.0, trainable=None):
+                   noise_multiplier: float = 1.0, trainable=None,
+                   noise_draw: str | None = None):
         config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=noise_multiplier,
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size, num_shards=self.devices)
         clip, factored = make_clipper(clipper, config, trainable)
-        # As the trainer does (dpbert.loop): replicated noise drawn on every device
-        # (--noise_draw=spread: each device draws 1/P of it, then it is all-gathered).
-        spread = sharding.spread_over_devices(self.mesh) if _NOISE_DRAW.value == "spread" else None
+        # As the trainer does (dpbert.loop): a replicated parameter's noise is added to each
+        # device's slice of the sum (--noise_draw=replicated: drawn whole on every device).
+        layouts = (sharding.noise_layouts(self.p_sh, self.params)
+                   if (noise_draw or _NOISE_DRAW.value) == "spread" else None)
         return accumulation.DPAggregator(
             config, self.factored_loss if factored else self.loss_fn, self.optimizer,
-            trainable=trainable, clipper=clip, noise_draw_sharding=spread)
+            trainable=trainable, clipper=clip, noise_layouts=layouts)
 
     def dp_step(self, clipper: str, microbatch_size: int, batch_size: int | None = None,
-                noise_multiplier: float = 1.0):
+                noise_multiplier: float = 1.0, noise_draw: str | None = None):
         """(jitted DP step, its arguments); abstract batch if `batch_size` is given."""
-        agg = self.aggregator(clipper, microbatch_size, noise_multiplier)
+        agg = self.aggregator(clipper, microbatch_size, noise_multiplier,
+                              noise_draw=noise_draw)
         state = self.dp_state(agg)
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
@@ -430,6 +434,10 @@ def bench_model(preset: str, devices: int) -> dict:
     # The default clipper's step with sigma = 0: what the noise adds to time and memory.
     default = default_clipper() if default_clipper() in clippers else clippers[-1]
     steps["dp_sigma0:" + default] = bench.dp_step(default, b, noise_multiplier=0.0)
+    # On a mesh, the default clipper's step with the other noise layout (--noise_draw).
+    other = "replicated" if _NOISE_DRAW.value == "spread" else "spread"
+    if bench.devices > 1:
+        steps["dp_noise_" + other] = bench.dp_step(default, b, noise_draw=other)
     if not _COMPILE_ONLY.value:
         steps["noise"] = bench.noise_only("dpbert")
         steps["noise_jax"] = bench.noise_only("jax")
@@ -497,6 +505,10 @@ def bench_model(preset: str, devices: int) -> dict:
     # parameter-sized intermediates next to the activations).
     result["noise"] = {"clipper": default, "temp_mib_added": (
         temp_bytes(compiled[noisy]) - temp_bytes(compiled[sigma0])) / MIB}
+    if times and bench.devices > 1:
+        result["noise"]["other_layout"] = {
+            "noise_draw": other, "time_ratio": ratio("dp_noise_" + other),
+            "time_ratio_range": spread("dp_noise_" + other)}
     if times:
         result["noise"].update({
             "draw_s": statistics.median(times["noise"]), "draw_ratio": ratio("noise"),
@@ -522,6 +534,14 @@ def bench_calibration() -> dict:
 
 def _x(v, digits=2) -> str:
     return "-" if v is None else f"{v:.{digits}f}x"
+
+
+def _other(noise_row: dict) -> str:
+    o = noise_row.get("other_layout")
+    if not o or o["time_ratio"] is None:
+        return "-"
+    lo, hi = o["time_ratio_range"]
+    return f"{o['noise_draw']}: {o['time_ratio']:.2f}x ({lo:.2f}-{hi:.2f})"
 
 
 def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
@@ -562,19 +582,23 @@ def markdown(rows: list[dict], cal: dict | None, command: str) -> str:
                 f"{_x(e['max_microbatch_ratio'])} |")
     if timed:
         lines += ["", "The noise: `noisy_gradient` on a zero sum (one N(0, sigma^2 C^2) float32 "
-                  f"array per parameter, drawn {_NOISE_DRAW.value}, result replicated) with "
-                  "dpbert's generator and with `jax.random.normal` (same values), and inside the "
-                  "step: (DP step - the same step with sigma = 0) / non-private step; temp "
-                  "memory the noise adds: DP step - the same step with sigma = 0.", "",
+                  f"array per parameter, layout `--noise_draw={_NOISE_DRAW.value}`, result "
+                  "replicated) with dpbert's generator and with `jax.random.normal` (same "
+                  "values), and inside the step: (DP step - the same step with sigma = 0) / "
+                  "non-private step; temp memory the noise adds: DP step - the same step with "
+                  "sigma = 0. On a mesh, the last column is the default clipper's time ratio with "
+                  "the other noise layout (spread: added to each device's slice of the sum, then "
+                  "all-gathered; replicated: drawn whole on every device).", "",
                   "| model | devices | draw s | draw / non-DP | jax.random draw s | "
-                  "jax.random / non-DP | in the step (clipper) | temp MiB added |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "jax.random / non-DP | in the step (clipper) | temp MiB added | "
+                  "other noise layout: time ratio (range) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             n = r["noise"]
             lines.append(f"| {r['model']} | {r['devices']} | {n['draw_s']:.3f} | "
                          f"{_x(n['draw_ratio'], 3)} | {n['jax_draw_s']:.3f} | "
                          f"{_x(n['jax_draw_ratio'], 3)} | {_x(n['in_step_ratio'], 3)} "
-                         f"({n['clipper']}) | {n['temp_mib_added']:.1f} |")
+                         f"({n['clipper']}) | {n['temp_mib_added']:.1f} | {_other(n)} |")
     else:
         lines += ["", "Temp memory the noise adds (DP step - the same step with sigma = 0, "
                   "MiB): " + "; ".join(f"{r['model']} x{r['devices']} "

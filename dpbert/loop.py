@@ -312,14 +312,12 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
     optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)
-    # The noise of a replicated parameter is drawn on every device (no draw layout): with
-    # dpbert's generator that is cheaper than drawing 1/P of it per device and all-gathering
-    # (8 CPU devices: DP step 1.27x / 1.30x of the non-private step for tiny / mini, against
-    # 1.58x / 1.47x spread; BENCHMARKS.md, "Noise drawn after the sum").  Sharded
-    # parameters get their noise drawn in their own layout either way.
-    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape), optimizer,
-                                trainable=trainable)
     param_sh = sharding.pure_param_shardings(model, mesh)
+    # A replicated parameter's noise is added to each device's slice of the reduced sum and
+    # all-gathered (sharding.noise_layouts); sharded parameters get theirs in their own layout.
+    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape), optimizer,
+                                trainable=trainable,
+                                noise_layouts=sharding.noise_layouts(param_sh, params))
     rep = sharding.replicated(mesh)
     # The secret noise key is an argument (not a constant baked into the program); on resume
     # the restored state brings its own.

@@ -103,8 +103,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def spread_over_devices(mesh: Mesh):
     """shape -> a sharding splitting the first axis divisible by the device count over every
-    device (None if no axis divides). Used to draw DP noise in parallel: every device draws
-    1/P of it instead of all of it for replicated parameters."""
+    device (None if no axis divides)."""
     n = mesh.size
 
     def layout(shape: tuple[int, ...]) -> NamedSharding | None:
@@ -114,6 +113,25 @@ def spread_over_devices(mesh: Mesh):
         return None
 
     return layout
+
+
+def noise_layouts(param_shardings_tree: Any, params: Any) -> Any:
+    """Where each parameter's DP noise is added (`dpbert.dp.noise.add_noise`'s `layouts`).
+
+    A replicated parameter on a mesh of several devices gets `spread_over_devices`'s layout
+    for its shape: each device adds the noise to its 1/P slice of the reduced gradient sum
+    and the slices are all-gathered, instead of every device drawing all of the noise
+    (8 CPU devices: DP step 1.19x / 1.21x of the non-private step for tiny / mini, against
+    1.30x / 1.37x; BENCHMARKS.md, "Noise added to a slice of the sum").  A sharded
+    parameter, or one no axis of which divides the device count, gets None (its noise is
+    drawn in its own layout).  Returns a pytree like `param_shardings_tree`.
+    """
+    def one(sh: NamedSharding, p: Any) -> NamedSharding | None:
+        if sh.mesh.size == 1 or not sh.is_fully_replicated:
+            return None
+        return spread_over_devices(sh.mesh)(tuple(p.shape))
+
+    return jax.tree.map(one, param_shardings_tree, params)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,

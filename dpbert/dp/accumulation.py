@@ -187,17 +187,18 @@ class DPAggregator:
       trainable: trainable filter (`dpbert.dp.trees.TrainableFilter`): frozen
         leaves get no gradient, no noise, and are not updated.
       clipper: a `GradientClipper`; default `VmapClipper(config...)`.
-      noise_draw_sharding: optional layout in which to draw each leaf's noise
-        (`dpbert.dp.noise.gaussian_noise`); a speed knob, the noise is bitwise the same.
+      noise_layouts: optional per-leaf layouts in which to add the noise
+        (`dpbert.dp.noise.add_noise`, `dpbert.sharding.noise_layouts`); a speed knob, the
+        noisy gradient is bitwise the same.
     """
 
     def __init__(self, config: DPConfig, loss_fn: clipping.LossFn,
                  optimizer: optax.GradientTransformation, *,
                  trainable: trees.TrainableFilter = None,
                  clipper: clipping.GradientClipper | None = None,
-                 noise_draw_sharding: noise_lib.DrawSharding | None = None):
+                 noise_layouts: PyTree | None = None):
         self.config = config
-        self.noise_draw_sharding = noise_draw_sharding
+        self.noise_layouts = noise_layouts
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.trainable = trainable
@@ -236,7 +237,7 @@ class DPAggregator:
         """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32."""
         noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
                                     self.config.noise_stddev, self.trainable,
-                                    self.noise_draw_sharding)
+                                    self.noise_layouts)
         return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy)
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,

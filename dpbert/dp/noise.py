@@ -13,7 +13,10 @@ computes its own slice of the same global counter-based stream, with no
 communication and no repeated values, and the values are bit-identical to an
 unsharded draw.  So the total noise has std exactly sigma * C whatever P, the
 number of hosts, or how the batch was split over microbatches and calls.  When
-the leaf is replicated, every device computes the same values (one draw, not P).
+the leaf is replicated, every device computes the same values (one draw, not P);
+with `add_noise`'s `layouts` (what the trainer passes) each device instead adds its
+slice of that one draw to its slice of the reduced sum, and the noisy slices are
+all-gathered: the same values, 1/P of the drawing per device.
 
 ``noise_mode="per_shard"`` reproduces TF's CrossShardOptimizer (every one of P
 shards adds its own N(0, sigma^2 C^2) to its partial sum).  The sum of P
@@ -42,7 +45,7 @@ non-private step's temp memory).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -92,33 +95,39 @@ def threefry_normal(key: jax.Array, shape: tuple[int, ...],
     return prng.standard_normal(key, shape, sharding)
 
 
-DrawSharding = Callable[[tuple[int, ...]], jax.sharding.Sharding | None]
+def layout_leaves(layouts: PyTree | None, n: int) -> list[jax.sharding.Sharding | None]:
+    """The per-leaf layouts of `add_noise` as a list of n (None: no layout anywhere)."""
+    if layouts is None:
+        return [None] * n
+    out = jax.tree.leaves(layouts, is_leaf=lambda x: x is None
+                          or isinstance(x, jax.sharding.Sharding))
+    if len(out) != n:
+        raise ValueError(f"noise layouts have {len(out)} leaves, the gradient tree {n}")
+    return out
 
 
 def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
-                   trainable: PyTree | None = None,
-                   draw_sharding: DrawSharding | None = None) -> PyTree:
+                   trainable: PyTree | None = None, layouts: PyTree | None = None) -> PyTree:
     """float32 N(0, stddev^2) arrays shaped like `tree` (zeros on frozen leaves).
 
     Leaf i (in `jax.tree.leaves` order) uses ``fold_in(key, i)``.
 
-    `draw_sharding(shape)` may name a sharding in which to generate a leaf's noise (e.g. split
-    over every device), so that each device draws only its part of the noise of a replicated
-    parameter instead of all of it. The values do not depend on it: the threefry draw is
-    partitionable, so the noise is bitwise the same however it is laid out.
+    `layouts` (see `add_noise`): per leaf, None or a sharding in which to draw its noise. The
+    values do not depend on it: the threefry draw is partitionable, so the noise is bitwise
+    the same however it is laid out.
     """
     leaves, treedef = jax.tree.flatten(tree)
     flags = ([True] * len(leaves) if trainable is None else jax.tree.leaves(trainable))
     if len(flags) != len(leaves):
         raise ValueError("trainable mask does not match the gradient tree")
     out = []
-    for i, (leaf, train) in enumerate(zip(leaves, flags)):
+    for i, (leaf, train, layout) in enumerate(zip(leaves, flags,
+                                                  layout_leaves(layouts, len(leaves)))):
         if train and stddev > 0:
             # Drawn directly with the leaf's sharding (Explicit mesh axes); under
             # Auto axes XLA shards the partitionable threefry draw itself.
             draw = stddev * threefry_normal(jax.random.fold_in(key, i), leaf.shape,
                                             trees.explicit_sharding(leaf))
-            layout = draw_sharding(leaf.shape) if draw_sharding is not None else None
             if layout is not None and trees.explicit_sharding(leaf) is None:
                 draw = jax.lax.with_sharding_constraint(draw, layout)
             out.append(draw)
@@ -151,7 +160,7 @@ def _after(key: jax.Array, x: jax.Array) -> jax.Array:
 
 def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
               trainable: trees.TrainableFilter = None,
-              draw_sharding: DrawSharding | None = None) -> PyTree:
+              layouts: PyTree | None = None) -> PyTree:
     """clipped_sum + N(0, stddev^2 I), float32; frozen leaves get no noise.
 
     Args:
@@ -159,7 +168,12 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
       key: PRNG key unique to this logical step.
       stddev: `noise_stddev(...)`.
       trainable: trainable filter (frozen leaves are left as they are).
-      draw_sharding: optional layout of the draw (see `gaussian_noise`); values unchanged.
+      layouts: optional pytree like `clipped_sum` (None leaves allowed;
+        `dpbert.sharding.noise_layouts`): for a REPLICATED leaf under Auto mesh axes, a
+        sharding splitting it over the devices.  That leaf's sum is resharded to it (each
+        device keeps its slice of the all-reduced sum), each device draws and adds only its
+        slice of the noise, and the noisy leaf is all-gathered back to replicated, instead
+        of every device drawing all of the noise.  Values are bitwise the same either way.
 
     Raises:
       TypeError: if a leaf is not float32 (the sum must not be cast before noise).
@@ -169,11 +183,26 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
             raise TypeError(f"clipped sum leaf has dtype {leaf.dtype}; noise is added to "
                             "the float32 sum, with nothing in between")
     mask = trees.resolve_trainable_mask(clipped_sum, trainable)
+    leaves, treedef = jax.tree.flatten(clipped_sum)
+    flags = jax.tree.leaves(mask)
+    spread = layout_leaves(layouts, len(leaves))
+    if stddev > 0:
+        spread = [lay if t and trees.explicit_sharding(x) is None else None
+                  for x, t, lay in zip(leaves, flags, spread)]
+        leaves = [x if lay is None else jax.lax.with_sharding_constraint(x, lay)
+                  for x, lay in zip(leaves, spread)]
     # Any trainable leaf will do: every clipped sum waits for every norm, i.e. for the
     # whole backward pass.  The smallest one costs least to reduce.
-    trained = [leaf for leaf, t in zip(jax.tree.leaves(clipped_sum), jax.tree.leaves(mask))
-               if t]
+    trained = [leaf for leaf, t in zip(leaves, flags) if t]
     if trained and stddev > 0:
         key = _after(key, min(trained, key=lambda leaf: leaf.size))
-    noise = gaussian_noise(clipped_sum, key, stddev, mask, draw_sharding)
-    return jax.tree.map(jnp.add, clipped_sum, noise)
+    noise = jax.tree.leaves(gaussian_noise(jax.tree.unflatten(treedef, leaves), key, stddev,
+                                           mask, spread))
+    out = []
+    for x, n, lay in zip(leaves, noise, spread):
+        y = x + n
+        if lay is not None:
+            y = jax.lax.with_sharding_constraint(
+                y, jax.sharding.NamedSharding(lay.mesh, jax.sharding.PartitionSpec()))
+        out.append(y)
+    return jax.tree.unflatten(treedef, out)

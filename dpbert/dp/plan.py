@@ -5,7 +5,7 @@ noise and the privacy event -- built from a config's `dp` and `batch` sections:
 
     plan = make_plan(config.dp, config.batch, num_steps=..., num_examples=N, num_shards=P,
                      sampler_seed=secret_seed, saved_ledger=checkpoint_ledger, start_step=s)
-    updater = plan.make_updater(loss_fn, optimizer, trainable=..., noise_draw_sharding=...)
+    updater = plan.make_updater(loss_fn, optimizer, trainable=..., noise_layouts=...)
 
     sampler          Poisson (fixed-capacity padded physical batches, truncation accounted) or
                      shuffled epochs; its seed is the run's SECRET seed. With
@@ -96,7 +96,7 @@ class DPPlan:
             return None
         return self.ledger.epsilon(step - self.ledger.closed_steps)
 
-    def make_updater(self, loss_fn, optimizer, *, trainable=None, noise_draw_sharding=None):
+    def make_updater(self, loss_fn, optimizer, *, trainable=None, noise_layouts=None):
         """The `DPAggregator` running this plan: clip (or not) -> accumulate -> noise (or not)
         -> optimizer. `loss_fn` must have `loss_shape`."""
         from dpbert.dp import accumulation, clipping  # noqa: PLC0415
@@ -114,7 +114,7 @@ class DPPlan:
             loss_fn = units.unit_loss(loss_fn, self.unit_loss)
         return accumulation.DPAggregator(config, loss_fn, optimizer, trainable=trainable,
                                          clipper=clipper,
-                                         noise_draw_sharding=noise_draw_sharding)
+                                         noise_layouts=noise_layouts)
 
 
 def _need(config: ml_collections.ConfigDict, section: str, cond: bool, field: str, why: str):

@@ -185,23 +185,55 @@ def test_noise_stddev_values():
     assert noise.noise_stddev(math.inf, 0.0) == 0.0  # non-private test configuration
 
 
-def test_spreading_the_draw_over_devices_leaves_the_noise_bitwise_unchanged():
+def _layout_case():
     from dpbert import sharding
 
     mesh = sharding.make_mesh(4, 2)
-    tree = {"a": jnp.zeros((64, 24), jnp.float32), "b": jnp.zeros((7,), jnp.float32),
-            "c": jnp.zeros((3, 16), jnp.float32)}
+    rep = sharding.replicated(mesh)
+    tree = {"a": jax.random.normal(jax.random.key(1), (64, 24)),
+            "b": jax.random.normal(jax.random.key(2), (7,)),
+            "c": jax.random.normal(jax.random.key(3), (3, 16)),
+            "d": jax.random.normal(jax.random.key(4), (16, 8))}
+    shardings = {"a": rep, "b": rep, "c": rep, "d": NamedSharding(mesh, P("fsdp"))}
+    tree = jax.device_put(tree, shardings)
+    return mesh, tree, shardings, sharding.noise_layouts(shardings, tree)
+
+
+def test_noise_layouts_split_only_replicated_parameters():
+    mesh, _, shardings, layouts = _layout_case()
+    assert layouts["a"].spec == P(("data", "fsdp"))
+    assert layouts["c"].spec == P(None, ("data", "fsdp"))
+    assert layouts["b"] is None   # no axis divides 8
+    assert layouts["d"] is None   # sharded: its noise is drawn in its own layout
+    from dpbert import sharding
+
+    one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
+    rep1 = sharding.replicated(one)
+    assert sharding.noise_layouts({"a": rep1}, {"a": jnp.zeros((64, 24))}) == {"a": None}
+
+
+@pytest.mark.parametrize("trainable", [None, {"a": True, "b": True, "c": False, "d": True}])
+def test_adding_the_noise_to_slices_of_the_sum_leaves_every_bit_unchanged(trainable):
+    """The layouts of `sharding.noise_layouts` change where the noise is drawn and added,
+    never the noisy sum: bitwise equal to the plain add_noise, and replicated again."""
+    mesh, tree, shardings, layouts = _layout_case()
     key = jax.random.key(11)
-    plain = jax.jit(lambda t: noise.add_noise(t, key, 2.5))(tree)
-    spread = jax.jit(lambda t: noise.add_noise(
-        t, key, 2.5, draw_sharding=sharding.spread_over_devices(mesh)),
-        out_shardings=sharding.replicated(mesh))(tree)
+    plain = jax.jit(lambda t: noise.add_noise(t, key, 2.5, trainable),
+                    out_shardings=shardings)(tree)
+    fn = jax.jit(lambda t: noise.add_noise(t, key, 2.5, trainable, layouts),
+                 out_shardings=shardings)
+    spread = fn(tree)
     for k in tree:
         np.testing.assert_array_equal(np.asarray(plain[k]), np.asarray(spread[k]))
-    layout = sharding.spread_over_devices(mesh)
-    assert layout((64, 24)).spec == jax.sharding.PartitionSpec(("data", "fsdp"))
-    assert layout((3, 16)).spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"))
-    assert layout((7,)) is None
+        assert spread[k].sharding.is_equivalent_to(shardings[k], tree[k].ndim)
+    if trainable is not None:
+        np.testing.assert_array_equal(np.asarray(spread["c"]), np.asarray(tree["c"]))
+    # Each device draws 1/8 of a's noise: the compiled program gathers the noisy slices.
+    assert "all-gather" in fn.lower(tree).compile().as_text()
+    assert "all-gather" not in jax.jit(lambda t: noise.add_noise(t, key, 2.5, trainable),
+                                       out_shardings=shardings).lower(tree).compile().as_text()
+    with pytest.raises(ValueError, match="noise layouts have 3 leaves"):
+        noise.add_noise(tree, key, 2.5, None, [None] * 3)
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (7, 3, 5), (4099,), (98, 32)])

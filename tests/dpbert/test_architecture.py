@@ -1,0 +1,41 @@
+"""docs/architecture.md's import rules for the DP engine, checked on the source."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# Leaf modules the DP engine may use: they import nothing from dpbert themselves.
+LEAVES = ("dpbert.errors", "dpbert.prng")
+HOST_SIDE = ("sampling", "accounting", "calibration", "ledger", "randomness", "plan")
+
+
+def _imports(path: pathlib.Path, top_level_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {f"{node.module}.{alias.name}" if node.module == "dpbert" else node.module
+                    for alias in node.names}
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "dpbert" / "dp").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_dp_engine_imports_only_itself_and_the_leaf_modules(path):
+    foreign = {m for m in _imports(path) if m.startswith("dpbert")
+               and not m.startswith("dpbert.dp") and m not in LEAVES}
+    assert not foreign, f"{path.name} imports {sorted(foreign)}"
+    if path.stem in HOST_SIDE:
+        assert not {m for m in _imports(path, top_level_only=True)
+                    if m == "jax" or m.startswith("jax.")}, f"{path.name} imports JAX"
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_the_leaf_modules_import_nothing_from_dpbert(leaf):
+    path = ROOT / (leaf.replace(".", "/") + ".py")
+    assert not {m for m in _imports(path) if m.startswith("dpbert")}
