@@ -185,17 +185,15 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     mask = trees.resolve_trainable_mask(clipped_sum, trainable)
     leaves, treedef = jax.tree.flatten(clipped_sum)
     flags = jax.tree.leaves(mask)
-    spread = layout_leaves(layouts, len(leaves))
-    if stddev > 0:
-        spread = [lay if t and trees.explicit_sharding(x) is None else None
-                  for x, t, lay in zip(leaves, flags, spread)]
-        leaves = [x if lay is None else jax.lax.with_sharding_constraint(x, lay)
-                  for x, lay in zip(leaves, spread)]
     # Any trainable leaf will do: every clipped sum waits for every norm, i.e. for the
-    # whole backward pass.  The smallest one costs least to reduce.
+    # whole backward pass.  The smallest one costs least to reduce (in its own layout).
     trained = [leaf for leaf, t in zip(leaves, flags) if t]
     if trained and stddev > 0:
         key = _after(key, min(trained, key=lambda leaf: leaf.size))
+    spread = [lay if stddev > 0 and t and trees.explicit_sharding(x) is None else None
+              for x, t, lay in zip(leaves, flags, layout_leaves(layouts, len(leaves)))]
+    leaves = [x if lay is None else jax.lax.with_sharding_constraint(x, lay)
+              for x, lay in zip(leaves, spread)]
     noise = jax.tree.leaves(gaussian_noise(jax.tree.unflatten(treedef, leaves), key, stddev,
                                            mask, spread))
     out = []
