@@ -119,7 +119,14 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
     return unit_float(random_bits(key, shape, sharding)) < jnp.float32(p)
 
 
-def _explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:
+def explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:
+    """The sharding in `x`'s type on a mesh with Explicit axes, else None.
+
+    Under Explicit mesh axes (the `jax.make_mesh` default) shardings are part of array types,
+    so arrays created inside a step (dropout masks, the DP noise, zeros) must be given the
+    sharding of the arrays they combine with; under Auto axes XLA propagates shardings itself
+    and None is returned.
+    """
     sharding = getattr(jax.typeof(x), "sharding", None)
     if isinstance(sharding, jax.sharding.NamedSharding) and any(
             t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
@@ -156,6 +163,6 @@ class Dropout(nnx.Dropout):
         shape = list(inputs.shape)
         for dim in self.broadcast_dims:
             shape[dim] = 1
-        mask = bernoulli(key, keep_prob, tuple(shape), _explicit_sharding(inputs))
+        mask = bernoulli(key, keep_prob, tuple(shape), explicit_sharding(inputs))
         mask = jnp.broadcast_to(mask, inputs.shape)
         return jax.lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))

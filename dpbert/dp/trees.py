@@ -12,26 +12,13 @@ from typing import Any, Callable, Union
 
 import jax
 
+from dpbert.prng import explicit_sharding  # noqa: F401  (re-exported: trees.explicit_sharding)
+
 PyTree = Any
 # A trainable filter: None (everything trainable), a pytree of bools with the
 # structure of the params (True = trainable), or a predicate
 # (path_names: tuple[str, ...], leaf) -> bool.
 TrainableFilter = Union[None, PyTree, Callable[[tuple[str, ...], Any], bool]]
-
-
-def explicit_sharding(x: Any) -> jax.sharding.NamedSharding | None:
-    """The sharding in `x`'s type on a mesh with Explicit axes, else None.
-
-    Under Explicit mesh axes (the `jax.make_mesh` default) shardings are part of
-    array types, so arrays created inside the engine (zeros, noise) must be given
-    the sharding of the arrays they combine with; under Auto axes XLA propagates
-    shardings itself and None is returned.
-    """
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding) and any(
-            t == jax.sharding.AxisType.Explicit for t in sharding.mesh.axis_types):
-        return sharding
-    return None
 
 
 def path_names(path: tuple[Any, ...]) -> tuple[str, ...]:
