@@ -17,11 +17,14 @@
 A task (`Task` below) is a small object: its data, its per-example loss, its eval, its export.
 Pretraining is `dpbert.tasks.pretraining`; fine-tuning tasks plug in the same way.
 
-Randomness: initialisation, masking and dropout derive from config.seed (public); the DP noise
-key and the sampler's seed are secret, kept only in checkpoints, so a resumed run is bitwise the
-run it would have been (CPU) and nobody who reads config.json, a log or the export can predict
-the noise or the batches. Only aggregates over whole batches are logged, never per-example
-values; throughput comes from public quantities (the expected batch size).
+Randomness: initialisation and MLM masking derive from config.seed (public; masks are keyed by
+an example's identity, never its position, `data_pipelines.datasets`); the DP noise key, the
+sampler's seed and, in a DP run, the dropout key are secret, kept only in checkpoints, so a
+resumed run is bitwise the run it would have been (CPU) and nobody who reads config.json, a log
+or the export can predict the noise, the batches or which dropout mask a unit got
+(`randomness.dropout_key` says why dropout must be secret). Only aggregates over whole batches
+are logged, never per-example values; throughput comes from public quantities (the expected
+batch size).
 """
 
 from __future__ import annotations
@@ -322,8 +325,12 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     # The secret noise key is an argument (not a constant baked into the program); on resume
     # the restored state brings its own.
     noise_key = secrets.noise_key_array() if secrets is not None else np.zeros(2, np.uint32)
+    # Dropout: secret in a DP run (keyed by batch position, which depends on the secret sample;
+    # `randomness.dropout_key`), the public seed otherwise (reproducible).
+    dropout = (randomness.dropout_key(task_key) if config.dp.enabled and secret
+               else config.seed)
     init = lambda p, k: TrainState(p, optimizer.init(p),  # noqa: E731
-                                   updater.init(p, config.seed, k))
+                                   updater.init(p, dropout, k))
     abstract = jax.eval_shape(init, params, noise_key)
     state_sh = TrainState(param_sh, sharding.opt_state_shardings(abstract.opt_state, params,
                                                                  param_sh, mesh),

@@ -26,8 +26,10 @@ Randomness is owned by the state (raw uint32[2] keys):
   example at position p of logical batch t: fold_in(fold_in(fold_in(rng, 0), t), p)
       (dropout; p = micro_step * physical_batch_size + slot in the call)
   noise of logical batch t, leaf i:         fold_in(fold_in(noise_key, t), i)
-`DPState.rng` may be public (dropout keys need not be secret); `DPState.noise_key` must be
-secret: the training loop draws it from OS entropy (`dpbert.dp.randomness`). Without an
+`DPState.noise_key` must be secret: the training loop draws it from OS entropy
+(`dpbert.dp.randomness`). The training loop keeps `DPState.rng` secret too in a DP run
+(`randomness.dropout_key`): a position's dropout mask must not be predictable, since positions
+depend on which other units the sampler drew. Without an
 explicit noise key, `init` derives it from `rng` as fold_in(rng, 1) -- reproducible and NOT
 private (tests). Noise keys never repeat across steps or leaves.
 

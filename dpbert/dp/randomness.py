@@ -30,6 +30,7 @@ SECRET_NOTE = ("Noise and batch sampling are drawn from OS entropy at the start 
                "kept only in the (private) checkpoints.")
 _NOISE_STREAM = 1  # the engine's former noise stream of the seed's key (bitwise compatible)
 _TASK_STREAM = 2
+_DROPOUT_STREAM = 0xD0  # the per-example (dropout) key of a DP run, folded into the task key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,31 @@ class RunSecrets:
 
     def task_key_array(self) -> np.ndarray:
         return np.asarray(self.task_key, np.uint32)
+
+
+def dropout_key(task_key: np.ndarray) -> np.ndarray:
+    """The raw uint32[2] key of a DP run's per-example randomness (dropout): fold_in(task key,
+    a stream of its own), so it is as secret as the task key.
+
+    Why secret: the clippers key an example's dropout by its POSITION in the logical batch, and
+    positions depend on which other units the (secret) sampler drew. With a public key the
+    masks given to each position are known, and removing one unit shifts the positions -- so
+    the masks -- of the units after it: the neighbouring run would differ in more than one
+    unit's clipped gradient. With a secret key every position's mask is an independent draw
+    nobody can predict, so each sampled unit sees fresh independent dropout whatever else is in
+    the batch, which is what the subsampled-Gaussian analysis assumes.
+    """
+    import jax  # noqa: PLC0415
+
+    key = jax.random.fold_in(jnp_key(task_key), _DROPOUT_STREAM)
+    return np.asarray(key, np.uint32).reshape(2)
+
+
+def jnp_key(raw: np.ndarray):
+    """A raw uint32[2] key as a JAX array."""
+    import jax.numpy as jnp  # noqa: PLC0415
+
+    return jnp.asarray(np.asarray(raw, np.uint32).reshape(2))
 
 
 def for_run(insecure_seeded: bool, seed: int, *,

@@ -71,6 +71,23 @@ def small_config(cache_dir: pathlib.Path, **overrides):
         **SMALL, "data.cache_dir": str(cache_dir / "instances"), **overrides})
 
 
+def saved_dropout_key(workdir: pathlib.Path) -> np.ndarray:
+    """The DP state's per-example (dropout) key in the newest checkpoint of a workdir."""
+    import orbax.checkpoint as ocp
+
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    manager, step = ckpt._manager, ckpt.latest_step()  # noqa: SLF001
+    tree = manager.item_metadata(step)["state"]
+    tree = getattr(tree, "tree", tree)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                            tree)
+    out = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    ckpt.close()
+    return np.asarray(out["state"]["dp"]["rng"])
+
+
 def final_params(workdir: pathlib.Path, step: int | None = None):
     ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
     step = ckpt.latest_step() if step is None else step
@@ -378,6 +395,12 @@ def test_secret_randomness_differs_between_runs_of_the_same_command(cache_dir, t
     b, _ = final_params(tmp_path / "b")
     moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
     assert all(moved)  # every leaf got other noise
+    # Dropout is secret too (keyed by batch position, which the secret sample decides): other
+    # in every run, and not the public seed's key.
+    seed_key = np.asarray(jax.random.PRNGKey(c.seed))
+    key_a, key_b = (saved_dropout_key(tmp_path / name) for name in ("a", "b"))
+    assert not np.array_equal(key_a, key_b)
+    assert not np.array_equal(key_a, seed_key) and not np.array_equal(key_b, seed_key)
     # The config written to the workdir is the same; nothing in it derives the noise.
     assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json"
                                                              ).read_text()
