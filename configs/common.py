@@ -84,6 +84,12 @@ def get_config() -> ml_collections.ConfigDict:
     # Start from a Hugging Face BERT folder ("" = random initialisation). Its vocab.txt is used
     # unless vocab.file says otherwise (the sizes must then agree).
     c.model.init_from_hf = ""
+    # What the starting model (init_from_hf) was trained on, relative to this run's data, when
+    # it is a dpbert export with a privacy report (dpbert.lineage): "same" (may overlap: its
+    # DP-SGD is composed into this run's epsilon, its vocabularies counted once; trained without
+    # DP, it voids this run's claim), "disjoint" (none of this run's records: its guarantee is
+    # listed apart) or "public" (public data). A model without a dpbert report counts as public.
+    c.model.init_data = "same"
 
     # ---------------------------------------------------------------------------------- vocab
     c.vocab = ml_collections.ConfigDict()
@@ -101,6 +107,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.vocab.delta = 1e-6
     # K: at most this many distinct words counted per document/note.
     c.vocab.max_words_per_example = 64
+    # Public bound on how many vocabulary records (documents) one training unit spans, needed
+    # only for a vocabulary DP per document with training per patient (or notes sharing a
+    # ROW_ID): the vocabulary then counts this many times (group privacy). None = 1. A corpus
+    # that exceeds it is refused before training. A vocabulary built per patient needs none.
+    c.vocab.max_records_per_unit = config_dict.placeholder(int)
     # Seed of the vocabulary noise: None = OS entropy (a release); an int makes the build
     # reproducible and NOT private (the run's report and model card then say so).
     c.vocab.seed = config_dict.placeholder(int)

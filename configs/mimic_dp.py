@@ -38,6 +38,10 @@ def get_config(arg: str | None = None):
     # Stage 2's export (a HF folder with the MIMIC DP vocab); "" trains model.size from scratch
     # with vocab.file.
     c.model.init_from_hf = ""
+    # Stage 2 pretrained on public text (Wikipedia + books), not on the notes: nothing of its
+    # training enters this run's total (its DP vocabulary still does, by its own report). Set
+    # "same" when starting from a model trained on these notes.
+    c.model.init_data = "public"
     c.model.size = args.get("size", "base")
     c.model.max_position_embeddings = 512
     # The DP vocabulary of stage 1 (ignored when init_from_hf brings its own vocab.txt).

@@ -32,6 +32,7 @@ from flax import nnx
 
 from data_pipelines import fileio, tokenization
 from dpbert import model as model_lib
+from dpbert import lineage
 from dpbert import report as report_lib
 
 logger = logging.getLogger(__name__)
@@ -348,9 +349,11 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
     (`hf_config_overrides`, e.g. id2label); `dpbert.hf_heads.save_task_model` does that.
 
     Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
-    card with a privacy section; `privacy_report` is the training's report when there is one),
-    and vocab_privacy.json when the vocabulary has one beside it (only its shippable fields:
-    its privacy cost then travels with the vocabulary into runs that start from this folder).
+    card with a privacy section), privacy_report.json (`report.public_report` of
+    `privacy_report`, the training's report, or of None: a conversion without a run; no exact
+    corpus statistic; a run that starts from this folder composes it, `dpbert.lineage`), and
+    vocab_privacy.json when the vocabulary has one beside it (only its shippable fields: its
+    privacy cost then travels with the vocabulary into runs that start from this folder).
 
     The folder is replaced as a whole, never merged: everything is written to a sibling
     temporary folder, which then takes the place of `path` by renames (the previous export is
@@ -385,7 +388,8 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
         "cls_token": "[CLS]", "mask_token": "[MASK]",
     }
-    card = model_card(config, privacy_report=privacy_report, source=source,
+    public_report = report_lib.public_report(privacy_report)
+    card = model_card(config, privacy_report=public_report, source=source,
                       num_params=model_lib.count_params(model), do_lower_case=do_lower_case,
                       architecture=architecture, extra_sections=card_sections)
     hf_config = config_to_hf(config)
@@ -403,6 +407,8 @@ def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike
         (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
         (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
         (tmp / "README.md").write_text(card, encoding="utf-8")
+        (tmp / lineage.REPORT_FILE).write_text(
+            json.dumps(public_report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         vocab_report = pathlib.Path(vocab_file).parent / VOCAB_REPORT
         if vocab_report.is_file():
             public = report_lib.public_vocab_report(json.loads(vocab_report.read_text()))
@@ -436,9 +442,13 @@ def _swap_in(new: pathlib.Path, out: pathlib.Path) -> None:
 def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
                    overwrite: bool = False) -> pathlib.Path:
     """Round-trips a HF BERT folder through dpbert (load, then save; `overwrite` as for
-    `save_pretrained`, checked before the source is loaded)."""
+    `save_pretrained`, checked before the source is loaded). The same weights carry the same
+    privacy: the source's privacy_report.json (if any) is the export's."""
     src = pathlib.Path(src)
     check_export_destination(dst, overwrite=overwrite)
+    if pathlib.Path(dst).absolute().resolve() == src.absolute().resolve():
+        raise ExportError(f"{dst}: is the source folder itself; export to another folder")
+    source_report = lineage.read_report(src)
     model, _ = load_pretrained(src)
     do_lower_case = True
     tok_cfg = src / "tokenizer_config.json"
@@ -448,4 +458,4 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     if not vocab.is_file():
         raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
     return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
-                           overwrite=overwrite)
+                           overwrite=overwrite, privacy_report=source_report)

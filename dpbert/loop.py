@@ -47,8 +47,9 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from data_pipelines import datasets, fileio
+from data_pipelines import datasets, fileio, tokenization
 from dpbert import checkpointing
+from dpbert import lineage as lineage_lib
 from dpbert import metrics as metrics_lib
 from dpbert import optimizers
 from dpbert import report as report_lib
@@ -281,6 +282,21 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         sampler_seed, secret = secrets.sampler_seed, secrets.secret
         task_key = secrets.task_key_array()
 
+    # The starting model's privacy (before any data work: a refusal costs nothing).
+    lineage = lineage_lib.load(
+        config.model.get("init_from_hf", ""), config.model.get("init_data", "same"),
+        privacy_unit=config.dp.privacy_unit, dp_enabled=config.dp.enabled,
+        delta=config.dp.delta, accountant=config.dp.accountant)
+    inherited = lineage.segments if lineage is not None else ()
+    if saved is not None and saved.get("inherited", []) != [s.to_json() for s in inherited]:
+        raise ConfigError(
+            f"{workdir}: the starting model's privacy report ({config.model.init_from_hf}/"
+            f"{lineage_lib.REPORT_FILE}) differs from the one this run started with; its DP-SGD "
+            "is composed into this run's epsilon, so it cannot change on resume. Restore it, "
+            "or use a fresh --workdir")
+    if lineage is not None and lineage.voids:
+        _announce(f"WARNING: not private: {lineage.voids}")
+
     data = task.prepare(config, workdir, task_key)
     data_hash = data.train.metadata.get("content_sha256")
     if saved is not None and saved.get("data_fingerprint") != data_hash:
@@ -295,13 +311,10 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         config.dp, config.batch, num_steps=config.train.num_steps,
         num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
         sampler_seed=sampler_seed, saved_ledger=saved.get("accounting") if saved else None,
-        start_step=int(saved["step"]) if saved else 0, unit_ids=data.unit_ids)
+        start_step=int(saved["step"]) if saved else 0, unit_ids=data.unit_ids,
+        inherited=inherited)
     logging.info("plan: %s", plan)
-    multiplicity = data.train.metadata.get("unit_multiplicity") or {}
-    vocab_part = report_lib.vocabulary_part(
-        data.vocab_report, data.vocab_origin,
-        report_lib.vocab_documents_per_unit(data.vocab_report, plan.privacy_unit,
-                                            multiplicity, data.units))
+    vocab_part = _vocabulary_part(config, data, plan)
     # Written once the run is known to go ahead (a refused rerun leaves it as it was).
     write_json(workdir / CONFIG_FILE, config_dict)
 
@@ -393,7 +406,26 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
                   start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
-                  load_rows)
+                  load_rows, lineage)
+
+
+def _vocabulary_part(config, data: TaskData, plan) -> dict:
+    """The vocabulary's row of the total, under the training's unit (`report.vocab_relation`);
+    a vocabulary without a report is announced, since it is then counted as public."""
+    vocab_file = data.extra.get("vocab_file")
+    sha = tokenization.vocab_fingerprint(vocab_file) if vocab_file else None
+    relation = None
+    if data.vocab_report is not None and data.vocab_report.get("dp"):
+        units = data.units or {}
+        relation = report_lib.vocab_relation(
+            data.vocab_report, plan.privacy_unit, per_sequence=data.unit_definition is None,
+            unit_key=units.get("unit_key", ""),
+            max_records_per_unit=config.get("vocab", {}).get("max_records_per_unit"),
+            observed_records_per_unit=units.get("documents_per_unit_max"))
+    part = report_lib.vocabulary_part(data.vocab_report, data.vocab_origin, relation, sha)
+    if part.get("warning") and config.dp.enabled:
+        _announce(f"WARNING: {part['warning']} ({part['assumption']})")
+    return part
 
 
 def _row_loader(plan, dataset) -> Callable:
@@ -444,7 +476,7 @@ class Evaluator:
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
            start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
-           load_rows) -> dict:
+           load_rows, lineage) -> dict:
     b = config.batch
     sampler = plan.sampler
 
@@ -465,11 +497,12 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             max_seq_length=data.max_seq_length, unit=data.unit_definition,
             multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now,
             units=data.units if plan.per_unit else None,
-            max_examples_per_unit=plan.max_examples_per_unit)
+            max_examples_per_unit=plan.max_examples_per_unit, lineage=lineage)
 
     saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
         "content_sha256"), run_hash=run_info_hash(run_info), task_key=task_key, plan=plan,
-        sampler=sampler, report_at=report_at)
+        sampler=sampler, report_at=report_at,
+        inherited=[s.to_json() for s in (lineage.segments if lineage else ())])
     writer = metrics_lib.MetricWriter(workdir)
     initial_eval = {}
     if data.eval is not None and start_step == 0 and config.train.eval_every:
@@ -562,12 +595,14 @@ class _Saver:
     checkpoint is complete, so the report is never newer than the newest checkpoint."""
 
     def __init__(self, ckpt, workdir, signature, secret, *, data_hash, run_hash, task_key, plan,
-                 sampler, report_at):
+                 sampler, report_at, inherited=()):
         self.ckpt, self.workdir, self.plan, self.sampler = ckpt, workdir, plan, sampler
         self.report_at = report_at
         self.fixed = {"signature": signature, "secret_randomness": secret,
                       "data_fingerprint": data_hash, "run_sha256": run_hash,
-                      "task_key": [int(x) for x in np.asarray(task_key).reshape(-1)]}
+                      "task_key": [int(x) for x in np.asarray(task_key).reshape(-1)],
+                      # The starting model's DP-SGD segments composed into this run's epsilon.
+                      "inherited": list(inherited)}
         self.pending: tuple[int, dict] | None = None
 
     def save(self, step: int, state, by_budget: bool = False) -> None:

@@ -84,12 +84,17 @@ def calibrate_noise_multiplier(*, target_epsilon: float, expected_batch_size: fl
                                accountant: str = "pld", sampling: str = "poisson",
                                noise_mode: str = "global", num_shards: int = 1,
                                max_batch_size: int | None = None,
-                               rtol: float = CALIBRATION_RTOL) -> float:
+                               rtol: float = CALIBRATION_RTOL, prior: tuple = ()) -> float:
     """Smallest configured sigma (within `rtol`) whose epsilon is <= target.
 
     The returned sigma is what goes into the training config: in
     ``noise_mode="per_shard"`` it is sigma_eff / sqrt(P).  The result is verified:
     `compute_epsilon` with the same arguments returns <= target_epsilon.
+
+    `prior`: segments (`dpbert.dp.ledger.Segment`, same delta and accountant) composed before
+    these steps (an earlier run on the same data, `dpbert.lineage`): sigma is then the smallest
+    whose composition with them stays within the target (verified with `composed_epsilon`).
+    ValueError when the prior segments alone spend the target.
     """
     _check_positive("target_epsilon", target_epsilon)
     steps = check_int("steps", steps, minimum=1)
@@ -99,12 +104,39 @@ def calibrate_noise_multiplier(*, target_epsilon: float, expected_batch_size: fl
                           num_examples=num_examples, delta=delta, sampling=sampling,
                           noise_mode=noise_mode, num_shards=num_shards,
                           max_batch_size=max_batch_size, accountant=accountant)
+    prior = tuple(s for s in prior if s.steps > 0)
+    if prior:
+        return _calibrate_after(spec, steps, target_epsilon, rtol, prior)
     sigma_eff = _calibrate_sigma_eff(spec, steps, target_epsilon, rtol)
     sigma = sigma_eff / effective_noise_multiplier(1.0, noise_mode, num_shards)
     # Verified exactly as `compute_epsilon` will compute it (a fresh dp_accounting
     # accountant, the configured sigma), nudged up by factors (1 + rtol) if needed.
     return _round_up(sigma, rtol, lambda s: spec.replace(noise_multiplier=s).epsilon(steps)
                      <= target_epsilon)
+
+
+def _calibrate_after(spec: AccountingSpec, steps: int, target_epsilon: float, rtol: float,
+                     prior: tuple) -> float:
+    """`calibrate_noise_multiplier` after `prior` segments: Brent's method on log(epsilon of
+    the composition) against log(sigma), started from the sigma without them (a lower bound:
+    composing more can only cost more), verified with `composed_epsilon`."""
+    def composed(sigma: float) -> float:
+        return composed_epsilon([(s.spec, s.steps) for s in prior]
+                                + [(spec.replace(noise_multiplier=sigma), steps)])
+
+    floor = composed_epsilon([(s.spec, s.steps) for s in prior])
+    if floor >= target_epsilon:
+        raise ValueError(f"target_epsilon={target_epsilon} is already spent by the earlier "
+                         f"segments (epsilon {floor:.4g} before this run's first step)")
+    per_sigma = effective_noise_multiplier(1.0, spec.noise_mode, spec.num_shards)
+    start = math.log(_calibrate_sigma_eff(spec, steps, target_epsilon, rtol) / per_sigma)
+    gap = lambda log_sigma: math.log(composed(math.exp(log_sigma))) - math.log(  # noqa: E731
+        target_epsilon)
+    lo, hi = start, start
+    while gap(hi) > 0:  # bracket the root from above the prior-free sigma
+        lo, hi = hi, hi + 0.3
+    root = hi if lo == hi else optimize.brentq(gap, lo, hi, xtol=rtol / 4)
+    return _round_up(math.exp(root), rtol, lambda s: composed(s) <= target_epsilon)
 
 
 def scale_noise_multiplier_sqrt(noise_multiplier: float, old_batch_size: float,

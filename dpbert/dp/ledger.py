@@ -13,6 +13,11 @@ written into every checkpoint (`to_json`) and read back on resume (`PrivacyLedge
 With a single segment its event is exactly `AccountingSpec.event`, so a run that was never
 resumed (or resumed without change) reports what `compute_epsilon` reports.
 
+A run that starts from a model trained earlier on data that may overlap (`dpbert.lineage`)
+brings that model's segments as `inherited`: they are composed into every epsilon, budget and
+progress figure exactly like the run's own earlier segments, but they are not this run's steps
+(`closed_steps` and `to_json` cover this run only).
+
 Rules that keep the ledger honest (enforced by the training loop):
   * a noise multiplier calibrated from ``dp.target_epsilon`` is calibrated once, at the start of
     the run, and then read from the ledger on every resume, never recalibrated;
@@ -71,9 +76,12 @@ class PrivacyLedger:
 
     closed: tuple[Segment, ...]
     current: accounting.AccountingSpec
+    # Segments of earlier runs on data that may overlap (their delta and accountant set to this
+    # run's: only their mechanism and steps matter), composed before this run's.
+    inherited: tuple[Segment, ...] = ()
 
     def __post_init__(self):
-        for seg in self.closed:
+        for seg in self.closed + self.inherited:
             if seg.spec.delta != self.current.delta or seg.spec.accountant != \
                     self.current.accountant:
                 raise ValueError(
@@ -83,12 +91,13 @@ class PrivacyLedger:
                     f"{self.current.delta}, accountant={self.current.accountant!r})")
 
     @classmethod
-    def fresh(cls, spec: accounting.AccountingSpec) -> "PrivacyLedger":
-        return cls((), spec)
+    def fresh(cls, spec: accounting.AccountingSpec,
+              inherited: Sequence[Segment] = ()) -> "PrivacyLedger":
+        return cls((), spec, tuple(inherited))
 
     @classmethod
-    def resume(cls, saved: Sequence[dict[str, Any]], current: accounting.AccountingSpec
-               ) -> tuple["PrivacyLedger", int]:
+    def resume(cls, saved: Sequence[dict[str, Any]], current: accounting.AccountingSpec,
+               inherited: Sequence[Segment] = ()) -> tuple["PrivacyLedger", int]:
         """The ledger of a resumed run and the steps already taken in its current segment.
 
         `saved` is `to_json` of the checkpoint. If `current` is the mechanism of the last saved
@@ -96,46 +105,65 @@ class PrivacyLedger:
         new segment starts at 0 steps.
         """
         segments = [Segment(spec_from_dict(s["spec"]), int(s["steps"])) for s in saved]
+        inherited = tuple(inherited)
         if segments and segments[-1].spec == current:
-            return cls(tuple(segments[:-1]), current), segments[-1].steps
-        return cls(tuple(s for s in segments if s.steps > 0), current), 0
+            return cls(tuple(segments[:-1]), current, inherited), segments[-1].steps
+        return cls(tuple(s for s in segments if s.steps > 0), current, inherited), 0
 
     @property
     def closed_steps(self) -> int:
         return sum(s.steps for s in self.closed)
 
     def segments(self, steps: int) -> list[Segment]:
+        """This run's segments (the current one with `steps` steps)."""
         return [*self.closed, Segment(self.current, steps)]
 
+    @property
+    def prior(self) -> tuple[Segment, ...]:
+        """Everything composed before the current segment: inherited, then this run's closed."""
+        return tuple(s for s in self.inherited + self.closed if s.steps > 0)
+
     def to_json(self, steps: int) -> list[dict[str, Any]]:
+        """This run's segments (what a checkpoint keeps; inherited ones are not this run's)."""
         return [s.to_json() for s in self.segments(steps)]
 
+    def inherited_json(self) -> list[dict[str, Any]]:
+        return [s.to_json() for s in self.inherited]
+
     def event(self, steps: int) -> dp_accounting.DpEvent:
-        """The dp_accounting event of the whole run so far."""
-        if not self.closed:
+        """The dp_accounting event of everything composed: inherited segments and this run."""
+        if not self.prior:
             return self.current.event(steps)
-        return dp_accounting.ComposedDpEvent([s.event() for s in self.segments(steps)
+        return dp_accounting.ComposedDpEvent([s.event() for s in (*self.inherited,
+                                                                  *self.segments(steps))
                                               if s.steps > 0])
 
     def epsilon(self, steps: int) -> float:
-        """Epsilon of the whole run (what a fresh dp_accounting accountant answers for
-        `event`)."""
-        if steps == 0 and not self.closed_steps:
+        """Epsilon of the run and what it inherited (what a fresh dp_accounting accountant
+        answers for `event`)."""
+        if steps == 0 and not self.prior:
             return 0.0
-        if not self.closed:
+        if not self.prior:
             return self.current.epsilon(steps)
-        return accounting.composed_epsilon([(s.spec, s.steps) for s in self.segments(steps)])
+        return accounting.composed_epsilon([(s.spec, s.steps) for s in self.prior]
+                                           + [(self.current, steps)])
+
+    def own_epsilon(self, steps: int) -> float:
+        """Epsilon of this run's own segments alone (without what it inherited)."""
+        if not self.inherited:
+            return self.epsilon(steps)
+        return PrivacyLedger(self.closed, self.current).epsilon(steps)
 
     def progress_epsilon(self, steps: int) -> float:
         """`epsilon` for progress logs (PLD: cached single-step distributions)."""
-        if not self.closed:
+        if not self.prior:
             return accounting.progress_epsilon(self.current, steps)
         if self.current.accountant != "pld":
             return self.epsilon(steps)
-        return accounting.fast_pld_epsilon(self.current, steps, prior=self.closed)
+        return accounting.fast_pld_epsilon(self.current, steps, prior=self.prior)
 
     def max_steps_within_budget(self, target_epsilon: float, upper_limit: int) -> int:
-        """Largest number of current-segment steps T <= upper_limit whose whole-run epsilon
-        is <= target_epsilon (0 if not even one fits)."""
+        """Largest number of current-segment steps T <= upper_limit whose epsilon (with the
+        inherited and closed segments) is <= target_epsilon (0 if not even one fits)."""
         return calibration.max_steps_within_budget(self.current, target_epsilon,
-                                                  upper_limit=upper_limit, prior=self.closed)
+                                                  upper_limit=upper_limit, prior=self.prior)

@@ -174,11 +174,13 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
 def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *,
               num_steps: int, num_examples: int, num_shards: int, sampler_seed: int,
               saved_ledger: list | None = None, start_step: int = 0,
-              unit_ids: Any = None) -> DPPlan:
+              unit_ids: Any = None, inherited: tuple = ()) -> DPPlan:
     """The plan of a fresh run, or of a resumed one (`saved_ledger` and `start_step` from its
     checkpoint). `sampler_seed` is the run's secret seed (`dpbert.dp.randomness`). With
     dp.privacy_unit note / patient, `unit_ids` (int [num_examples], the unit 0..U-1 of every
-    training example) is required and N = U."""
+    training example) is required and N = U. `inherited`: DP-SGD segments of the starting
+    model's training on data that may overlap (`dpbert.lineage.Lineage.segments`), composed
+    into every epsilon and into the budget of dp.target_epsilon."""
     b = batch
     per_unit = dp.enabled and dp.privacy_unit != "example"
     what = "training examples"
@@ -226,10 +228,11 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     spec = accounting.AccountingSpec.from_sampler(
         sampler, noise_multiplier=dp.noise_multiplier or 1.0, delta=dp.delta,
         noise_mode=dp.noise_mode, num_shards=num_shards, accountant=dp.accountant)
+    inherited = tuple(inherited)
     if dp.noise_multiplier is None:
         spec = spec.replace(noise_multiplier=_noise_multiplier(dp, spec, num_steps,
-                                                               saved_ledger))
-    ledger = _ledger(spec, saved_ledger, start_step)
+                                                               saved_ledger, inherited))
+    ledger = _ledger(spec, saved_ledger, start_step, inherited)
     num_steps, by_budget = _budget(dp, ledger, num_steps, start_step)
 
     return DPPlan(True, dp.clipping, float(dp.clip_norm), spec.noise_multiplier, dp.noise_mode,
@@ -263,7 +266,7 @@ def _calls_per_batch(dp, b, num_examples: int) -> int:
 
 
 def _noise_multiplier(dp, spec: accounting.AccountingSpec, num_steps: int,
-                      saved_ledger: list | None) -> float:
+                      saved_ledger: list | None, inherited: tuple = ()) -> float:
     """sigma from dp.target_epsilon: calibrated at the start of the run, read back after."""
     if saved_ledger:
         # Recalibrating on resume (say, for more steps) would claim the target while the steps
@@ -272,22 +275,30 @@ def _noise_multiplier(dp, spec: accounting.AccountingSpec, num_steps: int,
         logging.info("noise multiplier %.4f: calibrated at the start of this run (read from "
                      "the checkpoint, not recalibrated)", sigma)
         return sigma
-    sigma = calibration.calibrate_noise_multiplier(
-        target_epsilon=dp.target_epsilon, steps=num_steps,
-        expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
-        delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
-        noise_mode=spec.noise_mode, num_shards=spec.num_shards,
-        max_batch_size=spec.max_batch_size)
-    logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps", sigma,
-                 dp.target_epsilon, num_steps)
+    try:
+        sigma = calibration.calibrate_noise_multiplier(
+            target_epsilon=dp.target_epsilon, steps=num_steps,
+            expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
+            delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
+            noise_mode=spec.noise_mode, num_shards=spec.num_shards,
+            max_batch_size=spec.max_batch_size, prior=inherited)
+    except ValueError as e:
+        if not inherited:
+            raise
+        raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: the starting model's "
+                          f"training on this data (model.init_data='same') already spends it: "
+                          f"{e}") from None
+    logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps%s", sigma,
+                 dp.target_epsilon, num_steps,
+                 " (after the starting model's training)" if inherited else "")
     return sigma
 
 
 def _ledger(spec: accounting.AccountingSpec, saved_ledger: list | None,
-            start_step: int) -> ledger_lib.PrivacyLedger:
+            start_step: int, inherited: tuple = ()) -> ledger_lib.PrivacyLedger:
     if not saved_ledger:
-        return ledger_lib.PrivacyLedger.fresh(spec)
-    ledger, in_segment = ledger_lib.PrivacyLedger.resume(saved_ledger, spec)
+        return ledger_lib.PrivacyLedger.fresh(spec, inherited)
+    ledger, in_segment = ledger_lib.PrivacyLedger.resume(saved_ledger, spec, inherited)
     if ledger.closed_steps + in_segment != start_step:
         raise ConfigError(f"the checkpoint's privacy ledger covers "
                           f"{ledger.closed_steps + in_segment} steps but the checkpoint is at "
@@ -310,9 +321,12 @@ def _budget(dp, ledger: ledger_lib.PrivacyLedger, num_steps: int,
     by_budget = ledger.closed_steps + allowed
     num_steps = min(num_steps, by_budget)
     if num_steps == 0:
+        spent = (f" after the starting model's training on this data (epsilon "
+                 f"{ledger.epsilon(0):.4g} before the first step; model.init_data='same')"
+                 if ledger.inherited else "")
         raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: not even one step "
                           f"fits the budget with noise multiplier "
-                          f"{ledger.current.noise_multiplier}")
+                          f"{ledger.current.noise_multiplier}{spent}")
     if num_steps < start_step:
         raise ConfigError(
             f"config.dp.target_epsilon={dp.target_epsilon}: the checkpoint at step "

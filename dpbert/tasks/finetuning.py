@@ -471,8 +471,12 @@ class FineTuningTask:
                                       num_train=loaded.num_train, groups=loaded.groups)
         report = user.report(epochs=epochs_seen(config, loaded.num_train),
                              secret_key=not config.dp.insecure_seeded_noise)
+        # The vocabulary's own report (copied beside it into the workdir, if it had one): its
+        # cost is part of the total unless the starting model's total already holds it.
+        vocab_report = pretraining.read_vocab_report(pathlib.Path(vocab_file))
         return loop.TaskData(
-            train, eval_, None, "checkpoint", max_seq_length=config.data.max_seq_length,
+            train, eval_, vocab_report, "file" if config.vocab.file else "checkpoint",
+            max_seq_length=config.data.max_seq_length,
             extra={"model": model, "vocab_file": vocab_file, "labels": loaded.labels,
                    "do_lower_case": tok.do_lower_case, "input_privacy": report,
                    **loaded.extra},

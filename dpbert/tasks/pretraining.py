@@ -257,7 +257,8 @@ def keep_vocab_in_workdir(vocab_file: str, workdir: pathlib.Path) -> str:
     return str(kept)
 
 
-def _vocab_report(vocab_file: pathlib.Path) -> dict | None:
+def read_vocab_report(vocab_file: pathlib.Path) -> dict | None:
+    """The vocab_privacy.json beside a vocab.txt (None when there is none)."""
     report = vocab_file.parent / hf.VOCAB_REPORT
     return json.loads(report.read_text()) if report.is_file() else None
 
@@ -271,13 +272,13 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
         path = pathlib.Path(config.vocab.file)
         if not path.is_file():
             raise ConfigError(f"config.vocab.file={config.vocab.file!r}: file not found")
-        return str(path), _vocab_report(path), "file"
+        return str(path), read_vocab_report(path), "file"
     if config.model.init_from_hf:
         path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
         if not path.is_file():
             raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
                               "vocab.txt; set config.vocab.file")
-        return str(path), _vocab_report(path), "checkpoint"
+        return str(path), read_vocab_report(path), "checkpoint"
     out = workdir / "vocab"
     if not (out / "vocab.txt").is_file():
         if data.corpus not in ("text", "noteevents"):
@@ -304,7 +305,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 unit=("patient" if config.dp.privacy_unit == "patient"
                       and data.corpus == "noteevents" else "document"))
         loop.sync("vocabulary")
-    return str(out / "vocab.txt"), _vocab_report(out / "vocab.txt"), "built"
+    return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int

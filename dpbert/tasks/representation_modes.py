@@ -220,6 +220,7 @@ def export_ome(params, run: dict, out: pathlib.Path, report: dict | None) -> pat
             "## Training", "",
             dp or "No DP-SGD on the head (dp.enabled=False): the head's training has no "
                   "(ε, δ) of its own beyond the users' local randomization.", "",
+            *_lineage_section(report),
             "## Use", "",
             f"Encoder: `{run['init_from_hf']}` unchanged ({ip['seq_rep_source']} output); "
             "z-score each representation over its coordinates, encode and randomize as in "
@@ -228,7 +229,7 @@ def export_ome(params, run: dict, out: pathlib.Path, report: dict | None) -> pat
     return _write_folder(out, {"ome_config.json": json.dumps(settings, indent=2) + "\n",
                                "README.md": "\n".join(card)},
                          {"ome_head.safetensors": {"classifier.weight": kernel.T.copy(),
-                                                   "classifier.bias": bias}}, save_file)
+                                                   "classifier.bias": bias}}, save_file, report)
 
 
 # ----------------------------------------------------------------------------- TextHide
@@ -342,6 +343,7 @@ def export_texthide(params, run: dict, out: pathlib.Path, report: dict | None) -
             "## Representation privacy (TextHide)", "", ip["statement"], "",
             "No ε: TextHide hides representations; it is not differential privacy.", "",
             "## Training", "", dp or "No DP-SGD (TextHide's loss mixes examples).", "",
+            *_lineage_section(report),
             "## Use", "",
             "`texthide_model.safetensors` holds the encoder (`bert/...`, the BERT layout of "
             "`dpbert.heads`) and the head (`classifier/head/...`, `dpbert.texthide."
@@ -352,14 +354,29 @@ def export_texthide(params, run: dict, out: pathlib.Path, report: dict | None) -
          "init_from_hf": run["init_from_hf"], "vocab_sha256": run["vocab_sha256"],
          "texthide": {k: v for k, v in ip.items() if k not in ("statement", "key")}},
         indent=2) + "\n", "README.md": "\n".join(card)}
-    return _write_folder(out, files, {"texthide_model.safetensors": tensors}, save_file)
+    return _write_folder(out, files, {"texthide_model.safetensors": tensors}, save_file, report)
 
 
-def _write_folder(out: pathlib.Path, texts: dict, tensors: dict, save_file) -> pathlib.Path:
-    """Writes `out` as a whole (a sibling temporary folder renamed into place)."""
+def _lineage_section(report: dict | None) -> list[str]:
+    """The card lines on the starting model's privacy (`dpbert.lineage`), if it had any."""
+    from dpbert import report as report_lib  # noqa: PLC0415
+
+    lines = report_lib.lineage_lines(report or {})
+    return ["## Starting model", "", *lines, ""] if lines else []
+
+
+def _write_folder(out: pathlib.Path, texts: dict, tensors: dict, save_file,
+                  report: dict | None = None) -> pathlib.Path:
+    """Writes `out` as a whole (a sibling temporary folder renamed into place), with the run's
+    public privacy report (`report.public_report`: no exact corpus statistic)."""
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
+    from dpbert import lineage  # noqa: PLC0415
+    from dpbert import report as report_lib  # noqa: PLC0415
+
+    texts = {**texts, lineage.REPORT_FILE: json.dumps(report_lib.public_report(report),
+                                                      indent=2, sort_keys=True) + "\n"}
     out = pathlib.Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
