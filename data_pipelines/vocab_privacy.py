@@ -106,6 +106,11 @@ ACCOUNTING_MODES = ("pld", "basic")
 # Neighbouring relations of histogram_guarantee (see the module docstring).
 RELATIONS = ("add_remove", "replace")
 
+# The HistogramPrivacy fields that vocab_privacy.json stores (dp_vocab._report) and
+# privacy_from_report checks against a fresh calibration, when present.
+REPORTED_PARAMETERS = ("noise_scale", "threshold", "epsilon_per_word", "delta_per_word",
+                       "delta_noise", "delta_threshold")
+
 
 class VocabError(ValueError):
     """A DP vocabulary cannot be built with the given parameters or data."""
@@ -395,6 +400,62 @@ def histogram_guarantee(privacy: HistogramPrivacy, relation: str, records: int) 
                      f"({epsilon:.6g}, {delta:.3g})-DP{vacuous} by group privacy, "
                      f"(r eps_1, delta_1 sum_(i<r) e^(i eps_1)) with r={records}, over "
                      f"one record's ({eps1:.6g}, {delta1:.3g}), {how}.")
+
+
+def privacy_from_report(report: Mapping[str, Any]) -> HistogramPrivacy:
+    """Rebuilds the :class:`HistogramPrivacy` of a built vocabulary from its report.
+
+    Recalibrates from the report's epsilon, delta, K and accounting
+    (:func:`calibrate_histogram`; a report without "accounting" is taken as "pld", the
+    build's default and the more conservative one under replacement) and, for every
+    parameter the report stores (``REPORTED_PARAMETERS``: noise_scale, threshold, ...),
+    checks that it is the recalibrated value.  Reports without them (older ones, or the
+    shippable subset of ``dpbert.report.public_vocab_report``) are recalibrated unchecked.
+
+    Args:
+      report: the content of ``vocab_privacy.json`` (``dp_vocab._report``).
+
+    Returns:
+      The calibrated :class:`HistogramPrivacy`.
+
+    Raises:
+      VocabError: a non-DP report, a missing or malformed field, or a stored parameter
+        that the recalibration does not reproduce (the vocabulary was built with other
+        parameters, or another dp_accounting version: its guarantee cannot be derived from
+        epsilon, delta and K).
+    """
+    if not isinstance(report, Mapping):
+        raise VocabError(f"a vocabulary report must be a mapping, got {type(report).__name__}")
+    if not report.get("dp", True):
+        raise VocabError("the vocabulary was built without differential privacy (dp=false): "
+                         "it has no (epsilon, delta)")
+    missing = [name for name in ("epsilon", "delta", "K") if report.get(name) is None]
+    if missing:
+        raise VocabError(f"the vocabulary report lacks {', '.join(missing)}")
+    epsilon, delta, k = report["epsilon"], report["delta"], report["K"]
+    if not (_is_number(epsilon) and _is_number(delta) and _is_number(k)):
+        raise VocabError(f"the vocabulary report's epsilon, delta and K must be numbers, got "
+                         f"{epsilon!r}, {delta!r}, {k!r}")
+    if math.isfinite(k) and float(k).is_integer():
+        k = int(k)  # JSON may spell 64 as 64.0; calibrate_histogram refuses any other float
+    privacy = calibrate_histogram(float(epsilon), float(delta), k,
+                                  str(report.get("accounting", "pld")))
+    wrong = []
+    for name in REPORTED_PARAMETERS:
+        stored = report.get(name)
+        if stored is None:
+            continue
+        value = getattr(privacy, name)
+        if not (_is_number(stored) and math.isclose(stored, value, rel_tol=1e-9, abs_tol=0.0)):
+            wrong.append(f"{name}={stored!r} (recalibrated: {value!r})")
+    if wrong:
+        raise VocabError(
+            f"the vocabulary report (epsilon={epsilon}, delta={delta}, K={k}, "
+            f"accounting={privacy.accounting}) does not match its recalibration: "
+            f"{'; '.join(wrong)}; it was built with other parameters or another "
+            f"dp_accounting version, so its guarantee cannot be derived from epsilon, delta "
+            f"and K")
+    return privacy
 
 
 def noisy_threshold(histogram: Mapping[str, int], noise_scale: float, threshold: float,
