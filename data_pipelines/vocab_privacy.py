@@ -313,9 +313,10 @@ def _pld_interval(noise_scale: float) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _laplace_epsilon_cached(noise_scale: float, num_compositions: int, delta: float) -> float:
-    """Epsilon of ``num_compositions`` Laplace(noise_scale) mechanisms (sensitivity 1) at
-    ``delta``: dp_accounting's pessimistic PLD, or basic composition (n/b, pure) when that
+def _laplace_epsilon_cached(noise_scale: float, num_compositions: int,
+                            delta: float) -> tuple[float, str]:
+    """(epsilon, how) of ``num_compositions`` Laplace(noise_scale) mechanisms (sensitivity 1)
+    at ``delta``: dp_accounting's pessimistic PLD, or basic composition (n/b, pure) when that
     is smaller (also when delta is below what the PLD resolves: it returns inf)."""
     import dp_accounting  # lazy: workers never need it
     from dp_accounting import pld
@@ -323,7 +324,10 @@ def _laplace_epsilon_cached(noise_scale: float, num_compositions: int, delta: fl
     accountant = pld.PLDAccountant(value_discretization_interval=_pld_interval(noise_scale))
     accountant.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.LaplaceDpEvent(noise_multiplier=noise_scale), num_compositions))
-    return min(float(accountant.get_epsilon(delta)), num_compositions / noise_scale)
+    epsilon, basic = float(accountant.get_epsilon(delta)), num_compositions / noise_scale
+    if basic <= epsilon:
+        return basic, "basic composition"
+    return epsilon, "dp_accounting's PLD"
 
 
 def _group_delta(epsilon: float, delta: float, records: int) -> float:
@@ -381,10 +385,11 @@ def histogram_guarantee(privacy: HistogramPrivacy, relation: str, records: int) 
                f"word (epsilon/2K, delta/4K)-DP, so (epsilon, delta/2) by basic composition)")
         what = "replacing"
     else:
-        eps_noise = _laplace_epsilon_cached(privacy.noise_scale, 2 * k, privacy.delta_noise)
+        eps_noise, method = _laplace_epsilon_cached(privacy.noise_scale, 2 * k,
+                                                    privacy.delta_noise)
         shift = -k * math.log1p(-privacy.delta_per_word)
         eps1, delta1 = eps_noise + shift, privacy.delta
-        how = (f"dp_accounting's PLD of 2K={2 * k} composed Laplace(b={privacy.noise_scale:.6g}) "
+        how = (f"{method} of 2K={2 * k} composed Laplace(b={privacy.noise_scale:.6g}) "
                f"mechanisms at delta_noise={privacy.delta_noise:.3g} (epsilon {eps_noise:.6g}) "
                f"plus K ln(1/(1-p))={shift:.3g} for words only the replacement has, with "
                f"delta_threshold={privacy.delta_threshold:.3g} for released new words")

@@ -127,6 +127,15 @@ def test_add_remove_one_reproduces_the_calibration(eps, delta, k):
     assert eps - upper <= 2e-4 * k / privacy.noise_scale
 
 
+def test_replace_below_pld_resolution_uses_basic_composition():
+    # calibrate_histogram falls back to b = K/eps (basic composition) when delta_noise is
+    # below what the PLD resolves; 2K such mechanisms are (2 eps, 0)-DP.
+    privacy = calibrate_histogram(8.0, 1e-300, 64)
+    g = histogram_guarantee(privacy, "replace", 1)
+    assert g.epsilon == pytest.approx(16.0) and g.epsilon >= 16.0
+    assert g.delta == 1e-300 and "basic composition" in g.explanation
+
+
 def test_basic_accounting_claims_hold_for_replace():
     # Per-word (eps'/2, 0) or (0, delta'/4) for at most 2K words: (eps, delta/2) <= claim.
     privacy = calibrate_histogram(8.0, 1e-6, 64, "basic")
