@@ -17,12 +17,15 @@ What an example is (the privacy unit of the vocabulary)
 -------------------------------------------------------
 ``format="noteevents"``: one note (one ``NOTEEVENTS`` row).  ``format="text"``: one
 document (a blank-line-separated block).  The guarantee is for adding or removing one
-example.  It is never weaker than a per-sequence guarantee: every pretraining sequence
-is cut from documents, so a sequence-level unit is contained in this one.  With
-``unit="patient"`` (noteevents only) the notes of one ``SUBJECT_ID`` are grouped into ONE
-example before contribution bounding, so a patient's notes together contribute at most K
-distinct words and the guarantee is per patient (add or remove one patient with all their
-notes).  Grouping holds the corpus's text in memory, grouped by patient, before counting.
+example.  With ``unit="patient"`` (noteevents only) the notes of one ``SUBJECT_ID`` are
+grouped into ONE example before contribution bounding, so a patient's notes together
+contribute at most K distinct words and the guarantee is per patient (add or remove one
+patient with all their notes).  Grouping holds the corpus's text in memory, grouped by
+patient, before counting.  A training unit smaller than the vocabulary's example (a
+sequence cut from a document, a note of a per-patient vocabulary) MODIFIES examples rather
+than removing them, which costs more (replace-one: at most 2K counts move); a unit spanning
+several examples (a sequence from two documents, a patient's notes) costs group privacy:
+:func:`data_pipelines.vocab_privacy.histogram_guarantee` gives the guarantee under each.
 
 Contribution bounding and the privacy analysis
 ----------------------------------------------
@@ -111,8 +114,9 @@ from absl import logging
 
 from data_pipelines import corpora, fileio
 from data_pipelines.vocab_privacy import (  # noqa: F401 - dp_vocab's public API
-    ACCOUNTING_MODES, MAX_PER_WORD_EPSILON, MAX_WORDS_PER_EXAMPLE, HistogramPrivacy, VocabError,
-    calibrate_histogram, check_conditions, laplace_composition_epsilon, noisy_threshold)
+    ACCOUNTING_MODES, MAX_PER_WORD_EPSILON, MAX_WORDS_PER_EXAMPLE, RELATIONS, Guarantee,
+    HistogramPrivacy, VocabError, calibrate_histogram, check_conditions, histogram_guarantee,
+    laplace_composition_epsilon, noisy_threshold, privacy_from_report)
 from data_pipelines.wordpiece import (  # noqa: F401 - dp_vocab's public API
     DEFAULT_NUM_UNUSED, WordSplitter, learn_wordpiece, min_vocab_size, public_alphabet,
     special_tokens)
