@@ -236,6 +236,79 @@ def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "mixed_ghost"
 
 
+def dp_export(toy, folder, *, sigma=2.0, steps=10):
+    """A copy of the toy checkpoint carrying the public report of a DP pretraining run (N=500
+    sequences, expected batch 16): what a dpbert export of such a run holds."""
+    import shutil
+
+    from dpbert import lineage
+    from dpbert import report as report_lib
+    from dpbert.dp import accounting
+    from dpbert.dp import ledger as ledger_lib
+
+    shutil.copytree(toy["ckpt"], folder)
+    spec = accounting.AccountingSpec(noise_multiplier=sigma, expected_batch_size=16,
+                                     num_examples=500, delta=1e-3)
+    training = report_lib.training_part(ledger_lib.PrivacyLedger.fresh(spec), steps,
+                                        clip_norm=1.0, privacy_unit="example", secret=True,
+                                        target_epsilon=None, stopped_by_budget=False)
+    full = report_lib.run_report(training, {"stage": "vocabulary", "read_private_data": False,
+                                            "epsilon": 0.0, "delta": 0.0, "private": True},
+                                 privacy_unit="example", max_seq_length=32, multiplicity=None,
+                                 steps=steps)
+    (folder / lineage.REPORT_FILE).write_text(json.dumps(report_lib.public_report(full)))
+    return folder, full
+
+
+def test_fine_tuning_a_dp_export_composes_or_lists_its_lineage(toy, tmp_path):
+    """Issue 29: the fine-tuned model's card no longer drops the base model's guarantee. On the
+    same data (the default) the base's DP-SGD is composed with the fine-tuning's (one
+    dp_accounting event); declared disjoint, it is listed apart."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    base, base_report = dp_export(toy, tmp_path / "base")
+    common = {"model.init_from_hf": str(base), "dp.enabled": True, "dp.noise_multiplier": 1.0,
+              "dp.target_epsilon": None, "dp.delta": 1e-3, "dp.overflow_probability": 1e-3,
+              "batch.physical_batch_size": 32, "batch.microbatch_size": 16,
+              "train.epochs": 0.0, "train.num_steps": 4, "optimizer.warmup_fraction": None,
+              "train.eval_every": 0}
+    same = finetuning.run(config(toy, **common), tmp_path / "same")["privacy"]["dp_sgd"]
+    t = same["training"]
+    base_t = base_report["training"]
+    events = [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        16 / 500, dp_accounting.GaussianDpEvent(2.0)), 10)]
+    own = t["segments"][0]["spec"]
+    q, trunc = own["expected_batch_size"] / own["num_examples"], own["max_batch_size"]
+    step = (dp_accounting.TruncatedSubsampledGaussianDpEvent(own["num_examples"], q, trunc, 1.0)
+            if trunc is not None else dp_accounting.PoissonSampledDpEvent(
+                q, dp_accounting.GaussianDpEvent(1.0)))
+    events.append(dp_accounting.SelfComposedDpEvent(step, 4))
+    want = pld_privacy_accountant.PLDAccountant().compose(
+        dp_accounting.ComposedDpEvent(events)).get_epsilon(1e-3)
+    assert t["epsilon"] == pytest.approx(want, rel=1e-9)
+    assert t["this_run_epsilon"] < t["epsilon"] and base_t["epsilon"] < t["epsilon"]
+    assert same["lineage"][0]["relation"] == "same"
+    card = (tmp_path / "same" / "hf" / "README.md").read_text()
+    assert "Starting model (model.init_from_hf)" in card and base_report["headline"] in card
+    shipped = json.loads((tmp_path / "same" / "hf" / "privacy_report.json").read_text())
+    assert shipped["training"]["inherited_segments"] == base_t["segments"]
+    # Declared disjoint: the fine-tuning's own epsilon; the base's claim is listed.
+    apart = finetuning.run(config(toy, **common, **{"model.init_data": "disjoint"}),
+                           tmp_path / "apart")["privacy"]["dp_sgd"]
+    assert apart["training"]["epsilon"] == pytest.approx(t["this_run_epsilon"], rel=1e-12)
+    assert apart["lineage"][0]["relation"] == "disjoint"
+    assert base_report["headline"] in (tmp_path / "apart" / "hf" / "README.md").read_text()
+    # Without DP-SGD on the same data: no guarantee for the fine-tuning data, lineage listed.
+    plain = finetuning.run(config(toy, **{**common, "dp.enabled": False,
+                                          "batch.physical_batch_size": 16,
+                                          "batch.expected_batch_size": 16}),
+                           tmp_path / "plain")
+    card = (tmp_path / "plain" / "hf" / "README.md").read_text()
+    assert "trained without DP-SGD" in plain["privacy"]["dp_sgd_headline"]
+    assert "Starting model (model.init_from_hf)" in card
+
+
 def test_a_fine_tuning_run_keeps_its_release_key_secret_without_dp_sgd():
     a, b = (randomness.for_run(True, 0, seeded_task_key=False) for _ in range(2))
     assert a.noise_key == b.noise_key and a.task_key != b.task_key and not a.secret

@@ -131,7 +131,9 @@ def _report(secret: bool, vocab_report=None):
     training = report_lib.training_part(
         ledger.PrivacyLedger.fresh(spec), 50, clip_norm=1.0, privacy_unit="example",
         secret=secret, target_epsilon=None, stopped_by_budget=False)
-    vocab = report_lib.vocabulary_part(vocab_report, "file", 2)
+    relation = (report_lib.vocab_relation(vocab_report, "example")
+                if vocab_report is not None else None)
+    vocab = report_lib.vocabulary_part(vocab_report, "file", relation)
     return report_lib.run_report(training, vocab, privacy_unit="example", max_seq_length=128,
                                  multiplicity=None, steps=50)
 
@@ -153,8 +155,8 @@ def test_model_card_carries_privacy_report(hf_folder, tmp_path):
 def test_model_card_of_a_seeded_run_says_not_private(hf_folder, tmp_path):
     folder, _ = hf_folder
     model, _ = hf.load_pretrained(folder)
-    vocab_report = {"dp": True, "epsilon": 1.0, "delta": 1e-7, "secret_randomness": False,
-                    "num_examples": 1234}
+    vocab_report = {"dp": True, "epsilon": 1.0, "delta": 1e-7, "K": 16,
+                    "secret_randomness": False, "num_examples": 1234}
     for secret, reason in ((False, "dp.insecure_seeded_noise=True"),
                            (True, "vocab.seed set")):
         report = _report(secret=secret, vocab_report=vocab_report)
@@ -165,6 +167,7 @@ def test_model_card_of_a_seeded_run_says_not_private(hf_folder, tmp_path):
         assert report["headline"].startswith("NOT PRIVATE: ") and reason in report["headline"]
         assert report["headline"] in card and "- differential-privacy" not in card
         assert "1234" not in card  # the vocabulary's exact corpus counts are not shipped
+        assert "1234" not in (out_dir / "privacy_report.json").read_text()
 
 
 @pytest.mark.parametrize("arch", ["BertModel", "BertForMaskedLM"])
@@ -249,8 +252,8 @@ def test_vocab_size_mismatch_is_refused_and_existing_export_kept(hf_folder, tmp_
     assert (out_dir / "config.json").read_text() == "keep me"
 
 
-EXPORT_FILES = ["README.md", "config.json", "model.safetensors", "tokenizer_config.json",
-                "vocab.txt"]
+EXPORT_FILES = ["README.md", "config.json", "model.safetensors", "privacy_report.json",
+                "tokenizer_config.json", "vocab.txt"]
 
 
 def test_export_replaces_a_previous_export_as_a_whole(hf_folder, tmp_path, monkeypatch):

@@ -12,7 +12,9 @@ import dp_accounting
 import pytest
 
 from data_pipelines import corpora, tokenized_corpus
+from data_pipelines import vocab_privacy
 from dpbert import report as report_lib
+from dpbert.errors import ConfigError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -29,29 +31,55 @@ def test_unit_sentences():
                                                                 "most 64 tokens")
 
 
-@pytest.mark.parametrize("vocab_unit,unit,key,expected", [
-    ("document", "example", "", 2),          # A and B from two notes
-    ("patient", "example", "", 1),           # ... of one patient
-    ("document", "note", "document", 1),
-    ("patient", "note", "document", 1),      # a note lies in one patient
-    ("patient", "patient", "SUBJECT_ID", 1),  # the same unit: no lifting
-    ("document", "patient", "SUBJECT_ID", 7),  # per-note vocabulary: 7 notes of a patient
-    ("document", "patient", "document", 1),  # no SUBJECT_IDs: a patient is a document
+@pytest.mark.parametrize("vocab_unit,unit,key,cap,observed,relation,records", [
+    ("document", "example", "", None, None, "replace", 2),  # A and B: two notes modified
+    ("patient", "example", "", None, None, "replace", 2),   # ... of up to two patients
+    ("document", "note", "document", None, 1, "add_remove", 1),
+    ("patient", "note", "document", None, None, "replace", 1),  # a note modifies its patient
+    ("patient", "patient", "SUBJECT_ID", None, None, "add_remove", 1),  # the same unit
+    ("document", "patient", "SUBJECT_ID", 7, 7, "add_remove", 7),  # the public cap, checked
+    ("document", "patient", "document", None, None, "add_remove", 1),  # a patient = a document
 ])
-def test_vocabulary_counts_once_per_unit_when_its_unit_holds_the_training_unit(
-        vocab_unit, unit, key, expected):
-    vocab = {"dp": True, "epsilon": 2.0, "delta": 1e-6, "unit": vocab_unit}
-    multiplicity = {"documents_per_example_max": 2, "subjects_per_example_max": 1,
-                    "documents_per_subject_max": 7}
-    k = report_lib.vocab_documents_per_unit(vocab, unit, multiplicity, {"unit_key": key})
-    assert k == expected
-    part = report_lib.vocabulary_part(vocab, "built", k)
-    assert part["epsilon"] == pytest.approx(2.0 * k)
-    assert ("lifted" in part) == (k > 1)
-    assert ("unit_relation" in part) == (k == 1 and vocab_unit == "patient")
+def test_vocabulary_relation_under_the_training_unit_is_computed_from_public_facts(
+        vocab_unit, unit, key, cap, observed, relation, records):
+    vocab = {"dp": True, "epsilon": 2.0, "delta": 1e-6, "K": 64, "unit": vocab_unit}
+    rel = report_lib.vocab_relation(vocab, unit, unit_key=key, max_records_per_unit=cap,
+                                    observed_records_per_unit=observed)
+    assert (rel.relation, rel.records) == (relation, records)
+    part = report_lib.vocabulary_part(vocab, "built", rel, "f" * 64)
+    want = vocab_privacy.histogram_guarantee(vocab_privacy.calibrate_histogram(2.0, 1e-6, 64),
+                                             relation, records)
+    assert (part["epsilon"], part["delta"]) == (want.epsilon, want.delta)
+    assert (part["vocabulary_epsilon"], part["vocabulary_delta"]) == (2.0, 1e-6)
+    assert part["relation"] == relation and part["records"] == records
+    if (relation, records) == ("add_remove", 1):
+        assert part["epsilon"] == 2.0  # the vocabulary's own guarantee, no lifting
+    else:
+        assert part["epsilon"] > 2.0
     # Reports written before the field existed are per document.
     legacy = {k: v for k, v in vocab.items() if k != "unit"}
     assert report_lib.vocab_unit(legacy) == "document"
+
+
+def test_patient_vocabulary_with_note_training_counts_the_replaced_record():
+    """The issue's repro: a per-patient vocabulary (epsilon 2) under per-note training costs
+    at least the PLD of 2K Laplace mechanisms (2.97), not 2."""
+    vocab = {"dp": True, "epsilon": 2.0, "delta": 1e-6, "K": 64, "unit": "patient"}
+    part = report_lib.vocabulary_part(
+        vocab, "file", report_lib.vocab_relation(vocab, "note", unit_key="document"))
+    assert part["epsilon"] >= 2.97 - 5e-3 and part["epsilon"] == pytest.approx(2.9656, abs=1e-3)
+
+
+def test_a_per_document_vocabulary_needs_a_public_cap_for_larger_units():
+    vocab = {"dp": True, "epsilon": 2.0, "delta": 1e-6, "K": 64, "unit": "document"}
+    for cap in (None, 5):  # 7 notes of one patient exceed both
+        with pytest.raises(ConfigError, match="vocab.max_records_per_unit"):
+            report_lib.vocab_relation(vocab, "patient", unit_key="SUBJECT_ID",
+                                      max_records_per_unit=cap, observed_records_per_unit=7)
+    # Notes sharing a ROW_ID are one note unit of two vocabulary records.
+    with pytest.raises(ConfigError, match="spans more documents"):
+        report_lib.vocab_relation(vocab, "note", unit_key="document",
+                                  observed_records_per_unit=2)
 
 
 def training_subjects(path: pathlib.Path, eval_fraction: float, seed: int) -> set[int]:
@@ -97,7 +125,8 @@ def test_mimic_config_trains_per_patient_and_counts_patients(shared_data, tmp_pa
                                                          1.5), 3))
     assert t["epsilon"] == pytest.approx(accountant.get_epsilon(1e-8), rel=1e-9)
     v = report["vocabulary"]
-    assert v["unit"] == "patient" and v["documents_per_unit"] == 1 and "lifted" not in v
+    assert v["unit"] == "patient" and (v["relation"], v["records"]) == ("add_remove", 1)
+    assert v["epsilon"] == v["vocabulary_epsilon"]  # the same unit: no lifting
     assert report["epsilon"] == pytest.approx(t["epsilon"] + v["epsilon"])
     sentence = ("one patient (SUBJECT_ID) with all the training sequences made from their "
                 "notes, at most 4 per batch")
@@ -105,3 +134,7 @@ def test_mimic_config_trains_per_patient_and_counts_patients(shared_data, tmp_pa
     card = (workdir / "hf" / "README.md").read_text()
     assert f"poisson sampling of {len(patients)} patients" in card
     assert "The guarantee covers a whole patient directly" in card
+    # The shipped report is the public one: no exact corpus statistic.
+    shipped = json.loads((workdir / "hf" / "privacy_report.json").read_text())
+    assert "units" not in shipped and "unit_multiplicity" not in shipped
+    assert str(report["units"]["num_examples"]) not in card
