@@ -178,7 +178,6 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
     else:
         from data_pipelines import tfds_data  # noqa: PLC0415
 
-        key_base = 0
         for name in cfg.tfds_names:
             per_doc = (cfg.tfds_sentences_per_document if name in cfg.tfds_sentence_datasets
                        else 0)
@@ -188,12 +187,9 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
                 max_documents=limit, max_sentence_chars=cfg.max_sentence_chars)
             if cfg.noteevents_categories and name == tfds_data.NOTEEVENTS_NAME:
                 _log.warning("noteevents_categories is not applied to TFDS sources")
-            last = -1
-            for d in docs:
-                # Keys must be unique across sources for the held-out split.
-                last = d.key
-                yield dataclasses.replace(d, key=key_base + d.key)
-            key_base += last + 1
+            # Keys are ROW_IDs or content hashes (never positions): the held-out split and the
+            # note unit stay the same for every other document when one is removed.
+            yield from docs
 
 
 def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
