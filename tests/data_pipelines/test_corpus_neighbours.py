@@ -14,7 +14,7 @@ import pytest
 
 from configs import common
 from data_pipelines import (datasets, documents, instances, masking, pretraining, sentences,
-                            synthetic_notes, tokenized_corpus)
+                            synthetic_notes, tokenization, tokenized_corpus)
 from tests.data_pipelines.test_pretraining import IS_CONT, SPECIAL, VOCAB, make_corpus
 
 STEPS = (0, 1, 7, 1000)
@@ -169,31 +169,66 @@ def test_noteevents_minus_one_unit_end_to_end(tmp_path, notes_vocab, unit, side)
     assert_neighbours(full, build(path2, notes_vocab, unit), unit, removed)
 
 
+def random_text_documents(vocab, num_docs: int, seed: int = 0) -> list[list[str]]:
+    """Documents of random whole words of the vocab (2..12 sentences of 2..14 words): any two
+    words in a row tell the document they come from."""
+    words = [w for w in vocab.read_text().split("\n") if w.isalpha() and len(w) >= 3]
+    rng = np.random.default_rng(seed)
+    return [[" ".join(rng.choice(words, int(rng.integers(2, 15)))) + " ."
+             for _ in range(int(rng.integers(2, 13)))] for _ in range(num_docs)]
+
+
+def write_text(path, docs: list[list[str]]) -> None:
+    path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+
+
+def held_out_rows(pair, docs: list[list[str]], vocab) -> tuple[set[int], set[int]]:
+    """(rows in training, rows held out): which documents of the file (by their position in
+    ``docs``) each side's examples come from, found from the examples' token content (so the
+    answer does not rely on the document keys under test)."""
+    tok = tokenization.WordPieceTokenizer(str(vocab), do_lower_case=True)
+    text = [" " + " ".join(map(str, np.concatenate(tok.encode_batch(d)).tolist())) + " "
+            for d in docs]
+    sides = []
+    for ds in pair:
+        inst, candidates = ds.instances, {}
+        for i in range(ds.num_examples):  # a key's document holds the A of all its examples
+            a = " " + " ".join(map(str, inst.segments(i)[0].tolist())) + " "
+            hits = {r for r, d in enumerate(text) if a in d}
+            k = int(inst.doc_key[i])
+            candidates[k] = candidates.get(k, hits) & hits
+        assert all(len(c) == 1 for c in candidates.values())
+        sides.append({r for c in candidates.values() for r in c})
+    return sides[0], sides[1]
+
+
 @pytest.mark.parametrize("unit", ["note", "patient", "example"])
 def test_text_corpus_minus_one_document(tmp_path, notes_vocab, unit):
     """A plain-text corpus (documents identified by their content): removing one document
     keeps every other document's held-out membership, and for note / patient (a patient is a
     document here) its training and eval examples."""
-    rows = notes(80)
-    path = tmp_path / "corpus.txt"
-    synthetic_notes.write_text_corpus(path, rows)
+    docs = random_text_documents(notes_vocab, 80)
+    path, path2 = tmp_path / "corpus.txt", tmp_path / "corpus_minus.txt"
+    write_text(path, docs)
+    # Remove the first document of the file (with ordinal keys every later key would shift).
+    write_text(path2, docs[1:])
     full = build(path, notes_vocab, unit, corpus="text")
-    train, ev = full
-    train_docs = set(np.asarray(train.instances.doc_key).tolist())
-    eval_docs = set(np.asarray(ev.instances.doc_key).tolist())
+    minus = build(path2, notes_vocab, unit, corpus="text")
+    # Held-out membership by content: every other document on the same side as before.
+    train_rows, eval_rows = held_out_rows(full, docs, notes_vocab)
+    train_rows2, eval_rows2 = held_out_rows(minus, docs[1:], notes_vocab)
     # Every document yields examples (with 'random next' B from elsewhere if need be), so
     # these are the two sides of the split.
-    assert len(train_docs) + len(eval_docs) == 80 and eval_docs
-    # Remove the first document of the file: with ordinal keys every later key would shift.
-    first = documents.content_key(sentences.split_sentences(rows[0].note.text))
-    assert first in train_docs | eval_docs
-    path2 = tmp_path / "corpus_minus.txt"
-    synthetic_notes.write_text_corpus(path2, rows[1:])
-    minus = build(path2, notes_vocab, unit, corpus="text")
-    assert set(np.asarray(minus[0].instances.doc_key).tolist()) == train_docs - {first}
-    assert set(np.asarray(minus[1].instances.doc_key).tolist()) == eval_docs - {first}
+    assert len(train_rows) + len(eval_rows) == 80 and eval_rows
+    assert {r + 1 for r in train_rows2} == train_rows - {0}
+    assert {r + 1 for r in eval_rows2} == eval_rows - {0}
+    # The same by document key, which is the document's content key.
+    keys = [set(np.asarray(ds.instances.doc_key).tolist()) for ds in (*full, *minus)]
+    gone = (keys[0] | keys[1]) - (keys[2] | keys[3])
+    assert gone == {documents.content_key(docs[0])}
+    assert keys[2] == keys[0] - gone and keys[3] == keys[1] - gone
     if unit != "example":
-        assert_neighbours(full, minus, unit, first)
+        assert_neighbours(full, minus, unit, gone.pop())
 
 
 def test_heldout_membership_is_a_function_of_the_identity():
