@@ -240,8 +240,13 @@ def example_keys(kind: str, identity: Any, dupe_pass: int, ordinals: np.ndarray 
     other examples or units are added or removed.
     """
     base = np.uint64(identity_hash("example", kind, identity, dupe_pass))
-    ordinals = np.asarray(ordinals, np.uint64)
-    return (_mix64(ordinals + base) >> np.uint64(1)).astype(np.int64)
+    return _keys_from(np.full(np.shape(ordinals), base, np.uint64), ordinals)
+
+
+def _keys_from(bases: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+    """int64 [n]: ``mix64(base + ordinal)`` shifted to 63 bits (``example_keys``)."""
+    total = np.asarray(bases, np.uint64) + np.asarray(ordinals, np.uint64)
+    return (_mix64(total) >> np.uint64(1)).astype(np.int64)
 
 
 class _Maker:
@@ -367,21 +372,31 @@ class _Maker:
 
 class _KeyRecorder:
     """Stable keys of examples in creation order: per (kind, identity, pass), the ordinals
-    0, 1, ... of the examples that identity yields in that pass."""
+    0, 1, ... of the examples that identity yields in that pass (``example_keys``, computed
+    at the end in one vectorized go)."""
 
     def __init__(self):
         self._next: dict[tuple[str, int, int], int] = {}
-        self._parts: list[np.ndarray] = []
+        self._bases: list[int] = []
+        self._firsts: list[int] = []
+        self._counts: list[int] = []
 
     def add(self, kind: str, identity: int, dupe_pass: int, count: int) -> None:
         if count:
             first = self._next.get((kind, identity, dupe_pass), 0)
             self._next[(kind, identity, dupe_pass)] = first + count
-            self._parts.append(example_keys(kind, identity, dupe_pass,
-                                            np.arange(first, first + count)))
+            self._bases.append(identity_hash("example", kind, identity, dupe_pass))
+            self._firsts.append(first)
+            self._counts.append(count)
 
     def keys(self) -> np.ndarray:
-        return (np.concatenate(self._parts) if self._parts else np.zeros([0], np.int64))
+        counts = np.asarray(self._counts, np.int64)
+        total = int(counts.sum())
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        ordinals = (np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+                    + np.repeat(np.asarray(self._firsts, np.int64), counts))
+        bases = np.repeat(np.asarray(self._bases, np.uint64), counts)
+        return _keys_from(bases, ordinals)
 
 
 def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
