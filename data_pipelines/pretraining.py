@@ -302,8 +302,9 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
       data_config: ``configs.common.data_config()`` with overrides.
       vocab_file: a BERT ``vocab.txt``.
       privacy_unit: "example", "note" or "patient" (the training's ``dp.privacy_unit``): for
-        note / patient, 'random next' segments stay in the example's unit
-        (``instances`` module doc) and ``train_ds.unit_ids`` gives each example's unit.
+        note / patient, every unit's examples are made from the unit alone, 'random next'
+        segments included (``instances`` module doc), so removing a unit from the corpus
+        changes no other unit's examples; ``train_ds.unit_ids`` gives each example's unit.
 
     Returns:
       (train_ds, eval_ds); eval_ds is None when ``eval_fraction`` is 0. ``train_ds.metadata``
