@@ -3,9 +3,9 @@
 ``PretrainingDataset.get_batch(indices, step=...)`` reads examples by index with fresh masking
 from an RNG derived from ``(seed, step, example key)``, the key being the example's stable
 identity (``Instances.example_key``), not its index: the result depends on nothing else (not on
-the host, the batch composition, the order, or which other examples the data set holds). The trainer's sampler (``dpbert.dp.sampling``)
-decides which indices make up each batch, every host loads only its own rows, and ``prefetch``
-(grain) prepares them ahead of the training step.
+the host, the batch composition, the order, or which other examples the data set holds). The
+trainer's sampler (``dpbert.dp.sampling``) decides which indices make up each batch, every host
+loads only its own rows, and ``prefetch`` (grain) prepares them ahead of the training step.
 
 Feature layout (one example; a batch adds a leading axis B):
   input_ids int32 [S], input_mask int32 [S], segment_ids int32 [S],
