@@ -21,7 +21,7 @@ canary's context; everything that measurement needs is written to a JSON file:
 
 ``doc_index`` / ``sentence_index`` are the canary sentence's place in the training corpus that
 instance creation reads (after insertion); ``doc_key`` is the document's key in the source
-(ROW_ID for notes, stream ordinal for text corpora). ``example_index`` is the index of an
+(ROW_ID for notes, the content key of a text document). ``example_index`` is the index of an
 example-placed copy among the training examples.
 
 The insertion works on tokenized documents (``tokenized_corpus.TokenizedCorpus``), so corpora that
@@ -42,7 +42,7 @@ import numpy as np
 
 from data_pipelines import fileio, tokenization
 from data_pipelines.documents import NO_SUBJECT
-from data_pipelines.instances import Instances
+from data_pipelines.instances import Instances, example_keys
 from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")
@@ -246,12 +246,14 @@ def append_canary_examples(instances: Instances, canaries: Sequence[Canary]) -> 
     canary and B the rest (``is_random_next`` False, no document: index -1, subject
     ``NO_SUBJECT``, key -1, no corpus sentence), appended after the corpus's instances, so the corpus's own examples
     (their indices, segmentation and masking) do not depend on which canaries are planted.
-    Fills each such canary's ``insertions`` with ``{"example_index": i}``.
+    Copy j of a canary has the example key ``example_keys("canary", canary_id, 0, j)``: its
+    masking depends on nothing else. Fills each such canary's ``insertions`` with
+    ``{"example_index": i}``.
 
     Raises:
       ValueError: a canary shorter than 2 pieces (A and B must be non-empty).
     """
-    pieces, a_lengths = [], []
+    pieces, a_lengths, keys = [], [], []
     n = len(instances)
     for canary in canaries:
         if canary.placement != "example":
@@ -261,6 +263,7 @@ def append_canary_examples(instances: Instances, canaries: Sequence[Canary]) -> 
             raise ValueError(f"canary {canary.canary_id}: an example-placed canary needs at least "
                              f"2 pieces, got {len(ids)}")
         canary.insertions = []
+        keys.append(example_keys("canary", canary.canary_id, 0, np.arange(canary.repetitions)))
         for _ in range(canary.repetitions):
             canary.insertions.append({"example_index": n + len(pieces)})
             pieces.append(ids)
@@ -288,7 +291,8 @@ def append_canary_examples(instances: Instances, canaries: Sequence[Canary]) -> 
                                          np.zeros(k, np.int32)]).astype(np.int32),
         b_sentence_start=np.concatenate([instances.b_sentence_start, none]),
         b_sentence_count=np.concatenate([instances.b_sentence_count,
-                                         np.zeros(k, np.int32)]).astype(np.int32))
+                                         np.zeros(k, np.int32)]).astype(np.int32),
+        example_key=np.concatenate([instances.example_key, *keys]).astype(np.int64))
 
 
 def write_canary_file(path: str | os.PathLike, canaries: Sequence[Canary],

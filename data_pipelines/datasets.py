@@ -1,10 +1,11 @@
 """Host-side random-access pretraining datasets and the prefetching reader.
 
 ``PretrainingDataset.get_batch(indices, step=...)`` reads examples by index with fresh masking
-from an RNG derived from ``(seed, step, index)``: the result depends on nothing else (not on the
-host, the batch composition or the order). The trainer's sampler (``dpbert.dp.sampling``)
-decides which indices make up each batch, every host loads only its own rows, and ``prefetch``
-(grain) prepares them ahead of the training step.
+from an RNG derived from ``(seed, step, example key)``, the key being the example's stable
+identity (``Instances.example_key``), not its index: the result depends on nothing else (not on
+the host, the batch composition, the order, or which other examples the data set holds). The
+trainer's sampler (``dpbert.dp.sampling``) decides which indices make up each batch, every host
+loads only its own rows, and ``prefetch`` (grain) prepares them ahead of the training step.
 
 Feature layout (one example; a batch adds a leading axis B):
   input_ids int32 [S], input_mask int32 [S], segment_ids int32 [S],
@@ -36,9 +37,10 @@ class PretrainingDataset:
     """Random-access BERT pretraining examples with fresh masking at every load.
 
     The masking of example ``index`` at ``step`` uses
-    ``np.random.default_rng([seed, domain, step, index])``: it is a pure function of those
-    numbers, so results do not depend on which host loads the example, on the other examples in
-    the batch, or on their order.
+    ``np.random.default_rng([seed, domain, step, instances.example_key[index]])``: it is a pure
+    function of those numbers, so results do not depend on which host loads the example, on the
+    other examples in the batch or their order, nor on the other examples of the data set
+    (removing one unit of the corpus changes no other unit's masks).
 
     Attributes:
       num_examples: N, the number of examples (what a DP accountant counts).
@@ -75,6 +77,9 @@ class PretrainingDataset:
         self._offsets = np.asarray(instances.offsets, dtype=np.int64)
         self._a_lengths = np.asarray(instances.a_lengths, dtype=np.int64)
         self._is_random = np.asarray(instances.is_random_next, dtype=bool)
+        self._keys = np.asarray(instances.example_key, dtype=np.int64)
+        if self._keys.shape != self._a_lengths.shape or (self._keys < 0).any():
+            raise ValueError("instances.example_key must hold one non-negative key per example")
 
     def __len__(self) -> int:
         return self.num_examples
@@ -84,8 +89,8 @@ class PretrainingDataset:
         """int64 [N]: SUBJECT_ID of each example's segment A (``NO_SUBJECT`` when unknown)."""
         return np.asarray(self.instances.subject_id)
 
-    def _rng(self, domain: int, step: int, index: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, domain, step, index])
+    def _rng(self, domain: int, step: int, key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, domain, step, key])
 
     def _fill(self, out: dict[str, np.ndarray], row: int, index: int,
               rng: np.random.Generator) -> None:
@@ -122,7 +127,8 @@ class PretrainingDataset:
             "next_sentence_labels": np.zeros([batch_size], np.int32),
         }
 
-    def _batch(self, indices: np.ndarray, keys: np.ndarray, domain: int) -> dict[str, np.ndarray]:
+    def _batch(self, indices: np.ndarray, steps: np.ndarray, domain: int
+               ) -> dict[str, np.ndarray]:
         indices = np.asarray(indices)
         if indices.ndim != 1:
             raise ValueError(f"indices must be 1-D, got shape {indices.shape}")
@@ -132,10 +138,11 @@ class PretrainingDataset:
             raise IndexError(f"example index out of range [0, {self.num_examples}): "
                              f"min {indices.min()}, max {indices.max()}")
         out = self._empty_batch(len(indices))
-        for row, (index, key) in enumerate(zip(indices.tolist(), keys.tolist())):
-            if key < 0:
-                raise ValueError(f"step/epoch must be >= 0, got {key}")
-            self._fill(out, row, index, self._rng(domain, key, index))
+        keys = self._keys
+        for row, (index, step) in enumerate(zip(indices.tolist(), steps.tolist())):
+            if step < 0:
+                raise ValueError(f"step/epoch must be >= 0, got {step}")
+            self._fill(out, row, index, self._rng(domain, step, int(keys[index])))
         return out
 
     def get_batch(self, indices: np.ndarray, *, step: int) -> dict[str, np.ndarray]:
@@ -143,7 +150,8 @@ class PretrainingDataset:
 
         Args:
           indices: int [B], example indices in [0, num_examples) (repeats allowed).
-          step: the training step (>= 0); the same (step, index) always gives the same masking.
+          step: the training step (>= 0); the same (step, example) always gives the same
+            masking.
 
         Returns:
           The feature dict (see module docstring) with leading axis B.

@@ -2,7 +2,9 @@
 
 A ``Document`` is what BERT's instance creation consumes: an ordered list of sentences from one
 source document, plus the SUBJECT_ID of its patient when known (privacy unit "patient") and a
-stable key (ROW_ID for notes; the ordinal in the stream for text corpora).
+stable key that identifies it whatever else the corpus holds: ROW_ID for notes; for text
+corpora (which have no ids) ``content_key`` of its sentences, so that removing or adding another
+document changes no key (the held-out split and the note-level privacy unit are keyed by it).
 
 Sources:
   * plain text (``corpora.read_text_documents``: one sentence per line, blank line between
@@ -16,6 +18,7 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -31,12 +34,24 @@ class Document:
     Attributes:
       sentences: the sentences, in order (strings, not yet tokenized).
       subject_id: the patient's SUBJECT_ID, or ``NO_SUBJECT`` (-1) when unknown.
-      key: a stable key of the document in its source (ROW_ID, or stream ordinal).
+      key: a stable key of the document in its source (ROW_ID, or ``content_key``).
     """
 
     sentences: list[str]
     subject_id: int = NO_SUBJECT
     key: int = -1
+
+
+def content_key(sentences: Sequence[str]) -> int:
+    """A document's identity from its text alone: a 63-bit non-negative integer from the
+    SHA-256 of its sentences (joined by newlines).
+
+    Independent of the document's place in the stream, so removing one document changes no
+    other document's key. Documents with the same text get the same key (they are one note for
+    the privacy unit "note", and fall on the same side of the held-out split).
+    """
+    digest = hashlib.sha256(("dpbert-document\n" + "\n".join(sentences)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class CorpusNotFoundError(FileNotFoundError):
@@ -57,18 +72,16 @@ def text_documents(paths: Sequence[str],
                    stats: list[corpora.ReadStats] | None = None,
                    max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
                    ) -> Iterator[Document]:
-    """Documents of BERT-format text files, in file order; keys count documents across files.
+    """Documents of BERT-format text files, in file order; keys are ``content_key``s.
 
     ``max_bad_fraction``: per file, the largest share of unreadable lines accepted
     (``corpora.read_text_documents``)."""
-    key = 0
     for path in paths:
         st = corpora.ReadStats()
         if stats is not None:
             stats.append(st)
         for sents in corpora.read_text_documents(path, st, max_bad_fraction):
-            yield Document(sentences=sents, subject_id=NO_SUBJECT, key=key)
-            key += 1
+            yield Document(sentences=sents, subject_id=NO_SUBJECT, key=content_key(sents))
 
 
 def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] = (),

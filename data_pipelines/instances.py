@@ -8,19 +8,30 @@ back at random). Deterministic in ``seed``; ``dupe_factor`` repeats the whole pa
 instances are the examples the accountant counts (privacy unit "example" = one sequence). Per
 instance we keep the documents, SUBJECT_IDs and sentence ranges of segments A and B, so the
 report can state how many examples one sentence / document / subject touches
-(``unit_multiplicities``). ``Instances`` stores them compactly and saves/loads ``.npy`` files
-(memory-mapped on load).
+(``unit_multiplicities``), and a stable ``example_key`` that online masking is keyed by.
+``Instances`` stores them compactly and saves/loads ``.npy`` files (memory-mapped on load).
 
 Privacy units other than one sequence (``InstanceParams.privacy_unit`` "note" or "patient",
-issue 15): every example must belong to exactly ONE unit, or the per-unit sensitivity bound
-fails. BERT's 'random next' segment B comes from another document (another note, often another
-patient); for these units it is drawn from the SAME unit instead: for "patient", from another
-note of the same patient (SUBJECT_ID), else from a non-adjacent part of the same note; for
-"note", from a non-adjacent part of the same note ("non-adjacent": B neither overlaps A nor
-touches it, one sentence at least lies between them). A chunk that has no such part keeps its
-actual next segment, or yields no example when it is a single sentence. In a plain-text corpus
-(no SUBJECT_IDs) a patient is a document. ``unit_ids`` gives each example's unit and checks
-that A and B share it. The "example" path is BERT's algorithm, unchanged.
+issue 15). Neighbours are corpora that differ in one unit, so:
+
+* every example belongs to exactly ONE unit. BERT's 'random next' segment B comes from another
+  document (another note, often another patient); for these units it is drawn from the SAME
+  unit instead: from another document of the unit when it has several (another note of the
+  patient; another row with the same ROW_ID), else from a non-adjacent part of the same
+  document ("non-adjacent": B neither overlaps A nor touches it, one sentence at least lies
+  between them). A chunk that has no such part keeps its actual next segment, or yields no
+  example when it is a single sentence.
+* what a unit yields is a function of its own documents and of public randomness keyed by its
+  IDENTITY alone (``_create_unit_local``: a ``random.Random`` seeded from a hash of (seed, unit
+  kind, identity) runs BERT's steps over the unit's documents in corpus order, for every dupe
+  pass, then shuffles the unit's examples; units are ordered by a hash of their identity).
+  Adding or removing one unit leaves every other unit's examples, their order and their keys
+  bitwise unchanged. A unit's identity: "note" the document key (ROW_ID; the content key of a
+  text document), "patient" the SUBJECT_ID (the document key in corpora without SUBJECT_IDs).
+  Documents sharing an identity are one unit.
+
+``unit_ids`` gives each example's unit and checks that A and B share it. The "example" path is
+BERT's algorithm, unchanged (one ``random.Random(seed)`` over the shuffled corpus).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import hashlib
 import logging
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,7 +54,7 @@ _log = logging.getLogger(__name__)
 
 # Bump when the instance-creation code changes in a way that changes its output: part of the
 # cache fingerprint.
-INSTANCES_FORMAT_VERSION = 3
+INSTANCES_FORMAT_VERSION = 4
 # What one privacy unit is: one sequence, one note (document), one patient (SUBJECT_ID; a
 # document in corpora without SUBJECT_IDs).
 PRIVACY_UNITS = ("example", "note", "patient")
@@ -88,12 +100,17 @@ class Instances:
       b_doc_index: int32 [N], document of segment B (== doc_index unless is_random_next).
       subject_id: int64 [N], SUBJECT_ID of A's document (``NO_SUBJECT`` when unknown).
       b_subject_id: int64 [N], SUBJECT_ID of B's document.
-      doc_key: int64 [N], source key of A's document (ROW_ID for notes, stream ordinal for
-        text corpora).
+      doc_key: int64 [N], source key of A's document (ROW_ID for notes, the content key of a
+        text document: ``documents.content_key``).
       b_doc_key: int64 [N], source key of B's document.
       a_sentence_start, b_sentence_start: int64 [N], first corpus sentence of A / of B (index
         into the corpus's sentences; truncation may cut the edge sentences short).
       a_sentence_count, b_sentence_count: int32 [N], sentences of A / of B.
+      example_key: int64 [N], non-negative: the example's stable identity (``example_keys``: a
+        hash of its unit's or A's document's identity, the dupe pass and its ordinal among that
+        identity's examples of the pass; canaries: the canary id and the copy). Masking is keyed
+        by it, not by the example's index, so removing other examples or units changes no
+        example's masks.
     """
 
     tokens: np.ndarray
@@ -110,10 +127,13 @@ class Instances:
     a_sentence_count: np.ndarray
     b_sentence_start: np.ndarray
     b_sentence_count: np.ndarray
+    example_key: np.ndarray
 
     _ARRAYS = ("tokens", "offsets", "a_lengths", "is_random_next", "doc_index", "b_doc_index",
                "subject_id", "b_subject_id", "doc_key", "b_doc_key", "a_sentence_start",
-               "a_sentence_count", "b_sentence_start", "b_sentence_count")
+               "a_sentence_count", "b_sentence_start", "b_sentence_count", "example_key")
+    # Arrays with one entry per example (all but tokens and offsets).
+    _PER_EXAMPLE = _ARRAYS[2:]
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -129,11 +149,26 @@ class Instances:
         mid = start + int(self.a_lengths[i])
         return self.tokens[start:mid], self.tokens[mid:end]
 
+    def select(self, rows: np.ndarray | list[int]) -> "Instances":
+        """A new ``Instances`` of the examples ``rows`` (int [M]), in that order."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        offsets = np.asarray(self.offsets, np.int64)
+        starts, ends = offsets[rows], offsets[rows + 1]
+        lengths = ends - starts
+        new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        # Token positions of the selected examples, back to back.
+        where = (np.repeat(starts - new_offsets[:-1], lengths)
+                 + np.arange(int(new_offsets[-1]), dtype=np.int64))
+        arrays = {name: np.asarray(getattr(self, name))[rows] for name in self._PER_EXAMPLE}
+        return Instances(tokens=np.asarray(self.tokens)[where].astype(np.int32),
+                         offsets=new_offsets, **arrays)
+
     def content_hash(self) -> str:
-        """sha256 of the examples' content (tokens and segment layout): equal for the same
-        examples wherever the corpus file lies or whenever it was touched."""
+        """sha256 of the examples' content (tokens, segment layout and the keys their masking
+        uses): equal for the same examples wherever the corpus file lies or whenever it was
+        touched."""
         h = hashlib.sha256()
-        for name in ("tokens", "offsets", "a_lengths", "is_random_next"):
+        for name in ("tokens", "offsets", "a_lengths", "is_random_next", "example_key"):
             h.update(np.ascontiguousarray(getattr(self, name)).tobytes())
         return h.hexdigest()
 
@@ -176,20 +211,212 @@ def _truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int,
     return cuts[0], cuts[1], cuts[2], cuts[3]
 
 
+def identity_hash(*parts: Any) -> int:
+    """A 63-bit non-negative integer from the SHA-256 of ``parts`` (their ``str`` forms).
+
+    Public randomness and keys derived from an identity (a unit's, a document's) rather than
+    from a position: nothing else in the corpus changes them.
+    """
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a bijection of uint64 [n] (wrapping arithmetic)."""
+    x = np.asarray(x, np.uint64)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def example_keys(kind: str, identity: Any, dupe_pass: int, ordinals: np.ndarray | list[int]
+                 ) -> np.ndarray:
+    """int64 [n] (non-negative, 63 bits): the stable keys of the examples ``ordinals`` (0, 1,
+    ...) that the ``identity`` of kind ``kind`` ("doc", "subject", "canary") yields in pass
+    ``dupe_pass``.
+
+    ``mix64(identity_hash(kind, identity, pass) + ordinal)``: a pure function of the example's
+    own identity, so masking keyed by it (``datasets.PretrainingDataset``) does not change when
+    other examples or units are added or removed.
+    """
+    base = np.uint64(identity_hash("example", kind, identity, dupe_pass))
+    return _keys_from(np.full(np.shape(ordinals), base, np.uint64), ordinals)
+
+
+def _keys_from(bases: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+    """int64 [n]: ``mix64(base + ordinal)`` shifted to 63 bits (``example_keys``)."""
+    total = np.asarray(bases, np.uint64) + np.asarray(ordinals, np.uint64)
+    return (_mix64(total) >> np.uint64(1)).astype(np.int64)
+
+
+class _Maker:
+    """BERT's chunking of one document in one pass (``create_instances_from_document``),
+    appending the examples to flat lists; the caller chooses the ``random.Random`` and where a
+    'random next' segment comes from."""
+
+    def __init__(self, corpus: TokenizedCorpus, params: InstanceParams):
+        # Plain lists: indexing them is much faster than indexing NumPy arrays element-wise.
+        self.sent_len = np.diff(corpus.sentence_offsets).tolist()
+        self.sent_start = corpus.sentence_offsets[:-1].tolist()
+        self.doc_first = corpus.doc_offsets[:-1].tolist()
+        self.doc_count = np.diff(corpus.doc_offsets).tolist()
+        self.tokens = corpus.tokens
+        self.max_num_tokens = params.max_seq_length - 3
+        self.short_seq_prob = params.short_seq_prob
+        self.pieces: list[np.ndarray] = []
+        self.a_lengths: list[int] = []
+        self.is_random: list[bool] = []
+        self.doc_a: list[int] = []
+        self.doc_b: list[int] = []
+        self.sentences: list[tuple[int, int, int, int]] = []  # (A first, A count, B first, B n)
+
+    def __len__(self) -> int:
+        return len(self.a_lengths)
+
+    def _gather(self, first_sentence: int, n: int, cut_front: int, cut_back: int) -> np.ndarray:
+        start = self.sent_start[first_sentence]
+        end = self.sent_start[first_sentence + n - 1] + self.sent_len[first_sentence + n - 1]
+        return self.tokens[start + cut_front:end - cut_back]
+
+    def document(self, doc: int, rng: random.Random,
+                 source: Callable[[int, int, int], tuple[int, int, int] | None]) -> int:
+        """Appends the examples of one pass over document ``doc``; returns how many.
+
+        ``source(doc, c0, a_end)``: where a 'random next' B starts, ``(document, first sentence,
+        sentence limit)``, or None when there is no such segment (then B is the actual next
+        segment, or a one-sentence chunk yields no example).
+        """
+        sent_len, max_num_tokens = self.sent_len, self.max_num_tokens
+        first, count = self.doc_first[doc], self.doc_count[doc]
+        made = len(self.a_lengths)
+        target = max_num_tokens
+        if rng.random() < self.short_seq_prob:
+            target = rng.randint(2, max_num_tokens)
+        chunk_start, chunk_len, chunk_tokens = 0, 0, 0
+        i = 0
+        while i < count:
+            chunk_len += 1
+            chunk_tokens += sent_len[first + i]
+            if i == count - 1 or chunk_tokens >= target:
+                # chunk = sentences [first + chunk_start, first + chunk_start + chunk_len)
+                a_end = rng.randint(1, chunk_len - 1) if chunk_len >= 2 else 1
+                c0 = first + chunk_start
+                len_a = sum(sent_len[c0:c0 + a_end])
+                random_next = chunk_len == 1 or rng.random() < 0.5
+                found = source(doc, c0, a_end) if random_next else None
+                if found is not None:
+                    # B: sentences b_first.. (before b_limit) up to the target length.
+                    b_document, b_first, b_limit = found
+                    target_b = target - len_a
+                    b_n, len_b = 0, 0
+                    for j in range(b_first, b_limit):
+                        b_n += 1
+                        len_b += sent_len[j]
+                        if len_b >= target_b:
+                            break
+                    # Put the unused segments of the chunk back for the next instance.
+                    i -= chunk_len - a_end
+                elif chunk_len >= 2:
+                    random_next = False
+                    b_first, b_n = c0 + a_end, chunk_len - a_end
+                    len_b = sum(sent_len[b_first:b_first + b_n])
+                    b_document = doc
+                else:
+                    # One sentence, and its unit has no other part to pair it with: no
+                    # example (only with privacy_unit note / patient).
+                    chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
+                    i += 1
+                    continue
+                cfa, cba, cfb, cbb = _truncate_seq_pair(len_a, len_b, max_num_tokens, rng)
+                a = self._gather(c0, a_end, cfa, cba)
+                b = self._gather(b_first, b_n, cfb, cbb)
+                # Non-empty by construction (the longer segment is cut, max_num_tokens >= 2).
+                assert len(a) >= 1 and len(b) >= 1, (len(a), len(b))
+                self.pieces.append(a)
+                self.pieces.append(b)
+                self.a_lengths.append(len(a))
+                self.is_random.append(random_next)
+                self.doc_a.append(doc)
+                self.doc_b.append(b_document)
+                self.sentences.append((c0, a_end, b_first, b_n))
+                chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
+            i += 1
+        return len(self.a_lengths) - made
+
+    def build(self, corpus: TokenizedCorpus, perm: list[int], keys: np.ndarray) -> Instances:
+        """The examples in the order ``perm``, with their stable keys (in creation order)."""
+        pieces = self.pieces
+        lengths = np.asarray([len(pieces[2 * k]) + len(pieces[2 * k + 1]) for k in perm],
+                             np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.concatenate([p for k in perm for p in (pieces[2 * k], pieces[2 * k + 1])])
+        perm_arr = np.asarray(perm, np.int64)
+        doc_a_arr = np.asarray(self.doc_a, np.int32)[perm_arr]
+        doc_b_arr = np.asarray(self.doc_b, np.int32)[perm_arr]
+        sent = np.asarray(self.sentences, np.int64).reshape(-1, 4)[perm_arr]
+        return Instances(
+            tokens=flat.astype(np.int32),
+            offsets=offsets,
+            a_lengths=np.asarray(self.a_lengths, np.int32)[perm_arr],
+            is_random_next=np.asarray(self.is_random, bool)[perm_arr],
+            doc_index=doc_a_arr,
+            b_doc_index=doc_b_arr,
+            subject_id=corpus.subject_ids[doc_a_arr].astype(np.int64),
+            b_subject_id=corpus.subject_ids[doc_b_arr].astype(np.int64),
+            doc_key=corpus.doc_keys[doc_a_arr].astype(np.int64),
+            b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64),
+            a_sentence_start=sent[:, 0], a_sentence_count=sent[:, 1].astype(np.int32),
+            b_sentence_start=sent[:, 2], b_sentence_count=sent[:, 3].astype(np.int32),
+            example_key=np.asarray(keys, np.int64)[perm_arr])
+
+
+class _KeyRecorder:
+    """Stable keys of examples in creation order: per (kind, identity, pass), the ordinals
+    0, 1, ... of the examples that identity yields in that pass (``example_keys``, computed
+    at the end in one vectorized go)."""
+
+    def __init__(self):
+        self._next: dict[tuple[str, int, int], int] = {}
+        self._bases: list[int] = []
+        self._firsts: list[int] = []
+        self._counts: list[int] = []
+
+    def add(self, kind: str, identity: int, dupe_pass: int, count: int) -> None:
+        if count:
+            first = self._next.get((kind, identity, dupe_pass), 0)
+            self._next[(kind, identity, dupe_pass)] = first + count
+            self._bases.append(identity_hash("example", kind, identity, dupe_pass))
+            self._firsts.append(first)
+            self._counts.append(count)
+
+    def keys(self) -> np.ndarray:
+        counts = np.asarray(self._counts, np.int64)
+        total = int(counts.sum())
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        ordinals = (np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
+                    + np.repeat(np.asarray(self._firsts, np.int64), counts))
+        bases = np.repeat(np.asarray(self._bases, np.uint64), counts)
+        return _keys_from(bases, ordinals)
+
+
 def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
                      progress: bool = True) -> Instances:
     """The offline stage: ``create_pretraining_data``'s instance creation without masking.
 
-    Follows the original algorithm step for step with a ``random.Random(seed)``: documents are
-    shuffled once; for each of ``dupe_factor`` passes and each document, sentences are gathered
-    into a chunk until the target length is reached (the target is ``max_seq_length - 3``, or
-    with probability ``short_seq_prob`` a uniform integer in [2, max_seq_length - 3], drawn once
-    per document and pass, as in the original); A is the first ``a_end`` sentences of the chunk
-    (``a_end`` uniform in [1, len(chunk) - 1]); B is the rest of the chunk, or (always when the
-    chunk has one sentence, else with probability 1/2) a run of sentences from a random other
-    document starting at a random sentence, in which case the unused sentences of the chunk are
-    put back; the pair is truncated to ``max_seq_length - 3`` tokens. Finally the instances are
-    shuffled.
+    privacy_unit "example": the original algorithm step for step with one
+    ``random.Random(seed)``: documents are shuffled once; for each of ``dupe_factor`` passes and
+    each document, sentences are gathered into a chunk until the target length is reached (the
+    target is ``max_seq_length - 3``, or with probability ``short_seq_prob`` a uniform integer
+    in [2, max_seq_length - 3], drawn once per document and pass, as in the original); A is the
+    first ``a_end`` sentences of the chunk (``a_end`` uniform in [1, len(chunk) - 1]); B is the
+    rest of the chunk, or (always when the chunk has one sentence, else with probability 1/2) a
+    run of sentences from a random other document starting at a random sentence, in which case
+    the unused sentences of the chunk are put back; the pair is truncated to
+    ``max_seq_length - 3`` tokens. Finally the instances are shuffled.
+
+    privacy_unit "note" / "patient": the same steps, unit by unit (``_create_unit_local``):
+    what one unit yields is a function of its own documents and of a ``random.Random`` seeded
+    from its identity alone.
 
     Args:
       corpus: the tokenized documents (at least one).
@@ -206,148 +433,63 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
     if num_docs == 0:
         raise ValueError("cannot create pretraining instances: the corpus has no document "
                          "with text")
+    maker = _Maker(corpus, params)
+    keys = _KeyRecorder()
+    bar = tqdm.tqdm(total=params.dupe_factor * num_docs, desc="creating instances",
+                    unit=" docs", disable=not progress, mininterval=2.0)
+    if params.privacy_unit == "example":
+        perm = _create_global(corpus, params, maker, keys, bar)
+    else:
+        perm = _create_unit_local(corpus, params, maker, keys, bar)
+    bar.close()
+    if len(maker) == 0:
+        raise ValueError("no pretraining instance could be created from the corpus")
+    return maker.build(corpus, perm, keys.keys())
+
+
+def _create_global(corpus: TokenizedCorpus, params: InstanceParams, maker: _Maker,
+                   keys: _KeyRecorder, bar: Any) -> list[int]:
+    """BERT's algorithm over the whole corpus (privacy unit "example"); returns the final
+    order of the examples."""
+    num_docs = corpus.num_documents
     if num_docs == 1:
         _log.warning("the corpus has a single document: 'random next' segments come from it")
     rng = random.Random(params.seed)
-    # Plain lists: indexing them is much faster than indexing NumPy arrays element-wise.
-    sent_len = np.diff(corpus.sentence_offsets).tolist()
-    sent_start = corpus.sentence_offsets[:-1].tolist()
-    doc_first = corpus.doc_offsets[:-1].tolist()
-    doc_count = np.diff(corpus.doc_offsets).tolist()
+    doc_first, doc_count = maker.doc_first, maker.doc_count
+    doc_keys = corpus.doc_keys.tolist()
     order = list(range(num_docs))
     rng.shuffle(order)  # the original shuffles its document list once, before all passes
 
-    max_num_tokens = params.max_seq_length - 3
-    tokens = corpus.tokens
+    def other_document(position: int):
+        def source(doc: int, c0: int, a_end: int) -> tuple[int, int, int]:
+            """BERT's 'random next': a random sentence of a random other document, to its
+            end."""
+            other = position
+            for _ in range(10):  # the original tries 10 times to avoid itself
+                other = rng.randint(0, num_docs - 1)
+                if other != position:
+                    break
+            other_doc = order[other]
+            o_first, o_count = doc_first[other_doc], doc_count[other_doc]
+            return other_doc, o_first + rng.randint(0, o_count - 1), o_first + o_count
 
-    def other_document(position: int) -> tuple[int, int, int]:
-        """BERT's 'random next': a random sentence of a random other document, to its end."""
-        other = position
-        for _ in range(10):  # the original tries 10 times to avoid itself
-            other = rng.randint(0, num_docs - 1)
-            if other != position:
-                break
-        other_doc = order[other]
-        o_first, o_count = doc_first[other_doc], doc_count[other_doc]
-        return other_doc, o_first + rng.randint(0, o_count - 1), o_first + o_count
+        return source
 
-    same_unit = (None if params.privacy_unit == "example" else
-                 _same_unit_source(corpus, params.privacy_unit, rng, doc_first, doc_count))
-
-    def gather(first_sentence: int, n: int, cut_front: int, cut_back: int) -> np.ndarray:
-        start = sent_start[first_sentence]
-        end = sent_start[first_sentence + n - 1] + sent_len[first_sentence + n - 1]
-        return tokens[start + cut_front:end - cut_back]
-
-    pieces: list[np.ndarray] = []
-    a_lengths: list[int] = []
-    is_random: list[bool] = []
-    doc_a: list[int] = []
-    doc_b: list[int] = []
-    sentences: list[tuple[int, int, int, int]] = []  # (A first, A count, B first, B count)
-    total = params.dupe_factor * num_docs
-    bar = tqdm.tqdm(total=total, desc="creating instances", unit=" docs", disable=not progress,
-                    mininterval=2.0)
-    for _ in range(params.dupe_factor):
+    for dupe_pass in range(params.dupe_factor):
         for position in range(num_docs):
             doc = order[position]
-            first, count = doc_first[doc], doc_count[doc]
-            target = max_num_tokens
-            if rng.random() < params.short_seq_prob:
-                target = rng.randint(2, max_num_tokens)
-            chunk_start, chunk_len, chunk_tokens = 0, 0, 0
-            i = 0
-            while i < count:
-                chunk_len += 1
-                chunk_tokens += sent_len[first + i]
-                if i == count - 1 or chunk_tokens >= target:
-                    # chunk = sentences [first + chunk_start, first + chunk_start + chunk_len)
-                    a_end = rng.randint(1, chunk_len - 1) if chunk_len >= 2 else 1
-                    c0 = first + chunk_start
-                    len_a = sum(sent_len[c0:c0 + a_end])
-                    random_next = chunk_len == 1 or rng.random() < 0.5
-                    source = None
-                    if random_next:
-                        source = (other_document(position) if same_unit is None
-                                  else same_unit(doc, c0, a_end))
-                    if source is not None:
-                        # B: sentences b_first.. (before b_limit) up to the target length.
-                        b_document, b_first, b_limit = source
-                        target_b = target - len_a
-                        b_n, len_b = 0, 0
-                        for j in range(b_first, b_limit):
-                            b_n += 1
-                            len_b += sent_len[j]
-                            if len_b >= target_b:
-                                break
-                        # Put the unused segments of the chunk back for the next instance.
-                        i -= chunk_len - a_end
-                    elif chunk_len >= 2:
-                        random_next = False
-                        b_first, b_n = c0 + a_end, chunk_len - a_end
-                        len_b = sum(sent_len[b_first:b_first + b_n])
-                        b_document = doc
-                    else:
-                        # One sentence, and its unit has no other part to pair it with: no
-                        # example (only with privacy_unit note / patient).
-                        chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
-                        i += 1
-                        continue
-                    cfa, cba, cfb, cbb = _truncate_seq_pair(len_a, len_b, max_num_tokens, rng)
-                    a = gather(c0, a_end, cfa, cba)
-                    b = gather(b_first, b_n, cfb, cbb)
-                    # Non-empty by construction (the longer segment is cut, max_num_tokens >= 2).
-                    assert len(a) >= 1 and len(b) >= 1, (len(a), len(b))
-                    pieces.append(a)
-                    pieces.append(b)
-                    a_lengths.append(len(a))
-                    is_random.append(random_next)
-                    doc_a.append(doc)
-                    doc_b.append(b_document)
-                    sentences.append((c0, a_end, b_first, b_n))
-                    chunk_start, chunk_len, chunk_tokens = i + 1, 0, 0
-                i += 1
+            made = maker.document(doc, rng, other_document(position))
+            keys.add("doc", doc_keys[doc], dupe_pass, made)
             bar.update(1)
-    bar.close()
-    n = len(a_lengths)
-    if n == 0:
-        raise ValueError("no pretraining instance could be created from the corpus")
-    perm = list(range(n))
+    perm = list(range(len(maker)))
     rng.shuffle(perm)  # the original shuffles its instance list at the end
-    lengths = np.asarray([len(pieces[2 * k]) + len(pieces[2 * k + 1]) for k in perm], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    flat = np.concatenate([p for k in perm for p in (pieces[2 * k], pieces[2 * k + 1])])
-    perm_arr = np.asarray(perm)
-    doc_a_arr = np.asarray(doc_a, np.int32)[perm_arr]
-    doc_b_arr = np.asarray(doc_b, np.int32)[perm_arr]
-    sent = np.asarray(sentences, np.int64).reshape(-1, 4)[perm_arr]
-    return Instances(
-        tokens=flat.astype(np.int32),
-        offsets=offsets,
-        a_lengths=np.asarray(a_lengths, np.int32)[perm_arr],
-        is_random_next=np.asarray(is_random, bool)[perm_arr],
-        doc_index=doc_a_arr,
-        b_doc_index=doc_b_arr,
-        subject_id=corpus.subject_ids[doc_a_arr].astype(np.int64),
-        b_subject_id=corpus.subject_ids[doc_b_arr].astype(np.int64),
-        doc_key=corpus.doc_keys[doc_a_arr].astype(np.int64),
-        b_doc_key=corpus.doc_keys[doc_b_arr].astype(np.int64),
-        a_sentence_start=sent[:, 0], a_sentence_count=sent[:, 1].astype(np.int32),
-        b_sentence_start=sent[:, 2], b_sentence_count=sent[:, 3].astype(np.int32))
+    return perm
 
 
-def _same_unit_source(corpus: TokenizedCorpus, privacy_unit: str, rng: random.Random,
-                      doc_first: list[int], doc_count: list[int]):
-    """`source(doc, c0, a_end) -> (document, first sentence, sentence limit) | None`: where a
-    'random next' segment B comes from when it must stay in the example's unit (module doc).
-
-    patient: a random sentence of another note of the same SUBJECT_ID, to that note's end;
-    else (and for note): a random start in the same document outside A, not touching it:
-    before A (B then ends one sentence before A) or after A's true next sentence. None when
-    the document has no such sentence.
+def _unit_identities(corpus: TokenizedCorpus, privacy_unit: str) -> tuple[str, list[int]]:
+    """(kind, identity of every document's unit): "doc" and the document key for "note" (and
+    for "patient" in corpora without SUBJECT_IDs), "subject" and the SUBJECT_ID for "patient".
     """
-    groups: list[list[int]] = []
-    group_of = [-1] * corpus.num_documents
     if privacy_unit == "patient":
         subjects = np.asarray(corpus.subject_ids)
         known = subjects != NO_SUBJECT
@@ -356,24 +498,65 @@ def _same_unit_source(corpus: TokenizedCorpus, privacy_unit: str, rng: random.Ra
             raise ValueError(
                 f"privacy_unit='patient' needs a SUBJECT_ID on every note, but document "
                 f"{int(corpus.doc_keys[missing])} (and {int((~known).sum()) - 1} more) has none")
-        if known.any():  # corpora without SUBJECT_IDs: a patient is a document
-            ids, inverse = np.unique(subjects, return_inverse=True)
-            groups = [[] for _ in range(len(ids))]
-            for d, g in enumerate(inverse.tolist()):
-                groups[g].append(d)
-                group_of[d] = g
-    position_in_group = [0] * corpus.num_documents
-    for members in groups:
-        for k, d in enumerate(members):
-            position_in_group[d] = k
+        if known.any():
+            return "subject", subjects.tolist()
+    return "doc", np.asarray(corpus.doc_keys).tolist()
+
+
+def _create_unit_local(corpus: TokenizedCorpus, params: InstanceParams, maker: _Maker,
+                       keys: _KeyRecorder, bar: Any) -> list[int]:
+    """Instances unit by unit (privacy unit "note" / "patient"); returns their final order.
+
+    A unit is the set of documents with one identity (``_unit_identities``), in corpus order.
+    Its examples come from BERT's steps run over its documents only, for ``dupe_factor``
+    passes, with ``random.Random(identity_hash("instances", seed, kind, identity))``; 'random
+    next' segments come from the unit (``_unit_source``); then its examples are shuffled with
+    the same generator. Units follow each other in the order of
+    ``identity_hash("order", seed, kind, identity)``. So adding or removing a unit changes no
+    other unit's examples, their order among themselves, or their keys.
+    """
+    kind, identity = _unit_identities(corpus, params.privacy_unit)
+    members: dict[int, list[int]] = {}
+    for d, ident in enumerate(identity):
+        members.setdefault(ident, []).append(d)
+    order = sorted(members, key=lambda ident: (identity_hash("order", params.seed, kind, ident),
+                                               ident))
+    perm: list[int] = []
+    for ident in order:
+        docs = members[ident]
+        rng = random.Random(identity_hash("instances", params.seed, kind, ident))
+        source = _unit_source(docs, rng, maker.doc_first, maker.doc_count)
+        first = len(maker)
+        for dupe_pass in range(params.dupe_factor):
+            made = 0
+            for doc in docs:
+                made += maker.document(doc, rng, source)
+            keys.add(kind, ident, dupe_pass, made)
+            bar.update(len(docs))
+        local = list(range(first, len(maker)))
+        rng.shuffle(local)
+        perm.extend(local)
+    return perm
+
+
+def _unit_source(docs: list[int], rng: random.Random, doc_first: list[int],
+                 doc_count: list[int]):
+    """`source(doc, c0, a_end) -> (document, first sentence, sentence limit) | None`: where a
+    'random next' segment B comes from when it must stay in the example's unit (module doc).
+
+    A unit of several documents (a patient's notes; rows sharing a ROW_ID): a random sentence
+    of another of its documents, to that document's end. A unit of one document: a random start
+    in the document outside A, not touching it: before A (B then ends one sentence before A) or
+    after A's true next sentence; None when the document has no such sentence.
+    """
+    position = {d: k for k, d in enumerate(docs)}
 
     def source(doc: int, c0: int, a_end: int) -> tuple[int, int, int] | None:
-        g = group_of[doc]
-        if g >= 0 and len(groups[g]) > 1:
-            k = rng.randrange(len(groups[g]) - 1)
-            if k >= position_in_group[doc]:
-                k += 1  # a uniform choice among the other notes
-            other = groups[g][k]
+        if len(docs) > 1:
+            k = rng.randrange(len(docs) - 1)
+            if k >= position[doc]:
+                k += 1  # a uniform choice among the other documents
+            other = docs[k]
             o_first, o_count = doc_first[other], doc_count[other]
             return other, o_first + rng.randint(0, o_count - 1), o_first + o_count
         first, end = doc_first[doc], doc_first[doc] + doc_count[doc]
@@ -393,9 +576,11 @@ def _same_unit_source(corpus: TokenizedCorpus, privacy_unit: str, rng: random.Ra
 def unit_ids(instances: Instances, privacy_unit: str) -> np.ndarray:
     """int64 [N]: the privacy unit of every example, numbered 0..U-1.
 
-    "example": every example its own unit. "note": its document. "patient": its SUBJECT_ID, or
-    its document where the corpus has no SUBJECT_IDs (plain text). Examples outside the corpus
-    (example-placed canaries, document -1) are each a unit of their own.
+    "example": every example its own unit. "note": its document key (ROW_ID, or the content
+    key of a text document: rows sharing a key are one unit). "patient": its SUBJECT_ID, or its
+    document key where the corpus has no SUBJECT_IDs (plain text). Examples outside the corpus
+    (example-placed canaries, document -1) are each a unit of their own. Units are numbered in
+    the order of their identities.
 
     Raises:
       ValueError: an example whose segment B lies in another unit than A (instances made for
@@ -406,26 +591,31 @@ def unit_ids(instances: Instances, privacy_unit: str) -> np.ndarray:
     n = len(instances)
     if privacy_unit == "example":
         return np.arange(n, dtype=np.int64)
-    doc_a = np.asarray(instances.doc_index, np.int64)
-    doc_b = np.asarray(instances.b_doc_index, np.int64)
-    # Keys: subject ids >= 0; documents -(d + 2) <= -2; outside examples below all of them.
-    key_a, key_b = -(doc_a + 2), -(doc_b + 2)
+    # A unit is (kind, value): 0 = a document key, 1 = a SUBJECT_ID, 2 = an outside example.
+    kind_a = np.zeros(n, np.int64)
+    kind_b = np.zeros(n, np.int64)
+    val_a = np.asarray(instances.doc_key, np.int64)
+    val_b = np.asarray(instances.b_doc_key, np.int64)
     if privacy_unit == "patient":
         subj_a = np.asarray(instances.subject_id, np.int64)
         subj_b = np.asarray(instances.b_subject_id, np.int64)
-        key_a = np.where(subj_a != NO_SUBJECT, subj_a, key_a)
-        key_b = np.where(subj_b != NO_SUBJECT, subj_b, key_b)
-    outside = doc_a < 0
-    crossing = ~outside & (key_a != key_b)
+        kind_a, kind_b = (subj_a != NO_SUBJECT).astype(np.int64), (subj_b != NO_SUBJECT).astype(
+            np.int64)
+        val_a = np.where(kind_a == 1, subj_a, val_a)
+        val_b = np.where(kind_b == 1, subj_b, val_b)
+    outside = np.asarray(instances.doc_index) < 0
+    crossing = ~outside & ((kind_a != kind_b) | (val_a != val_b))
     if crossing.any():
         i = int(np.flatnonzero(crossing)[0])
         raise ValueError(
             f"{int(crossing.sum())} examples take segment B from another {privacy_unit} than A "
-            f"(e.g. example {i}: documents {int(doc_a[i])} and {int(doc_b[i])}); such instances "
-            f"were made for privacy_unit='example' and cannot be used per {privacy_unit}")
-    lowest = int(key_a[~outside].min()) if (~outside).any() else 0
-    key_a = np.where(outside, lowest - 1 - np.cumsum(outside), key_a)
-    return np.unique(key_a, return_inverse=True)[1].astype(np.int64).reshape(-1)
+            f"(e.g. example {i}: documents {int(instances.doc_key[i])} and "
+            f"{int(instances.b_doc_key[i])}); such instances were made for "
+            f"privacy_unit='example' and cannot be used per {privacy_unit}")
+    kind_a = np.where(outside, 2, kind_a)
+    val_a = np.where(outside, np.arange(n, dtype=np.int64), val_a)
+    ids = np.unique(np.stack([kind_a, val_a], axis=1), axis=0, return_inverse=True)[1]
+    return np.asarray(ids, np.int64).reshape(-1)
 
 
 def unit_multiplicities(instances: Instances, num_sentences: int, num_documents: int

@@ -178,7 +178,6 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
     else:
         from data_pipelines import tfds_data  # noqa: PLC0415
 
-        key_base = 0
         for name in cfg.tfds_names:
             per_doc = (cfg.tfds_sentences_per_document if name in cfg.tfds_sentence_datasets
                        else 0)
@@ -188,12 +187,9 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any
                 max_documents=limit, max_sentence_chars=cfg.max_sentence_chars)
             if cfg.noteevents_categories and name == tfds_data.NOTEEVENTS_NAME:
                 _log.warning("noteevents_categories is not applied to TFDS sources")
-            last = -1
-            for d in docs:
-                # Keys must be unique across sources for the held-out split.
-                last = d.key
-                yield dataclasses.replace(d, key=key_base + d.key)
-            key_base += last + 1
+            # Keys are ROW_IDs or content hashes (never positions): the held-out split and the
+            # note unit stay the same for every other document when one is removed.
+            yield from docs
 
 
 def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
@@ -306,8 +302,9 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
       data_config: ``configs.common.data_config()`` with overrides.
       vocab_file: a BERT ``vocab.txt``.
       privacy_unit: "example", "note" or "patient" (the training's ``dp.privacy_unit``): for
-        note / patient, 'random next' segments stay in the example's unit
-        (``instances`` module doc) and ``train_ds.unit_ids`` gives each example's unit.
+        note / patient, every unit's examples are made from the unit alone, 'random next'
+        segments included (``instances`` module doc), so removing a unit from the corpus
+        changes no other unit's examples; ``train_ds.unit_ids`` gives each example's unit.
 
     Returns:
       (train_ds, eval_ds); eval_ds is None when ``eval_fraction`` is 0. ``train_ds.metadata``

@@ -189,7 +189,8 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
 
     Yields:
       ``documents.Document``; SUBJECT_ID and ROW_ID are used when the dataset has
-      ``subject_id`` / ``row_id`` features, else -1 and the example index.
+      ``subject_id`` / ``row_id`` features, else -1 and ``documents.content_key`` of the
+      sentences (never the position in the dataset: removing one record changes no other key).
     """
     source = load_data_source(name, split=split, data_dir=data_dir)
     n = len(source)
@@ -204,7 +205,7 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
             if text:
                 doc.append(text)
             if len(doc) == sentences_per_document or (i == n - 1 and doc):
-                yield documents.Document(sentences=doc, key=produced)
+                yield documents.Document(sentences=doc, key=documents.content_key(doc))
                 produced += 1
                 doc = []
                 if max_documents and produced >= max_documents:
@@ -220,7 +221,8 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
         yield documents.Document(
             sentences=sents,
             subject_id=int(record.get("subject_id", documents.NO_SUBJECT)),
-            key=int(record.get("row_id", i)))
+            key=(int(record["row_id"]) if "row_id" in record
+                 else documents.content_key(sents)))
         produced += 1
         if max_documents and produced >= max_documents:
             return

@@ -31,8 +31,8 @@ class TokenizedCorpus:
       doc_offsets: int64 [num_documents + 1]; document d is sentences
         ``doc_offsets[d]:doc_offsets[d + 1]`` (never empty).
       subject_ids: int64 [num_documents], the document's SUBJECT_ID or ``NO_SUBJECT``.
-      doc_keys: int64 [num_documents], the document's key in its source (ROW_ID for notes, the
-        document's ordinal in the stream for text corpora).
+      doc_keys: int64 [num_documents], the document's key in its source (ROW_ID for notes, a
+        hash of its text for text corpora: ``documents.content_key``); never a position.
     """
 
     tokens: np.ndarray

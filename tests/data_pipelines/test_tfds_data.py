@@ -133,7 +133,9 @@ def test_public_stage_documents(fake_public):
     wiki = list(tfds_data.tfds_documents("wikipedia/20230601.en", data_dir=str(fake_public)))
     assert len(wiki) == 30
     assert all(len(d.sentences) == 3 and d.subject_id == -1 for d in wiki)
-    assert sorted(d.key for d in wiki) == list(range(30))
+    # Keys identify a document by its text, never by its place in the dataset.
+    assert [d.key for d in wiki] == [documents.content_key(d.sentences) for d in wiki]
+    assert len({d.key for d in wiki}) == 30 and min(d.key for d in wiki) >= 0
     books = list(tfds_data.tfds_documents("bookcorpus", data_dir=str(fake_public),
                                           sentences_per_document=16))
     assert [len(d.sentences) for d in books] == [16] * 6 + [4]
@@ -152,10 +154,15 @@ def test_build_datasets_from_tfds_sources(fake_public, notes_tfds, notes_vocab):
     cfg.eval_fraction = 0.1
     train, ev = pretraining.build_datasets(cfg, notes_vocab)
     assert train.metadata["train_documents"] + train.metadata["eval_documents"] == 30 + 10
-    # Document keys are unique across the two sources (the held-out split relies on them).
+    # Document keys are the documents' content keys, distinct across the two sources (the
+    # held-out split relies on them).
     keys = set(np.asarray(train.instances.doc_key).tolist()) | set(
         np.asarray(ev.instances.doc_key).tolist())
-    assert max(keys) < 40
+    docs = [*tfds_data.tfds_documents("wikipedia/20230601.en", data_dir=str(fake_public)),
+            *tfds_data.tfds_documents("bookcorpus", data_dir=str(fake_public),
+                                      sentences_per_document=10)]
+    content = {documents.content_key(d.sentences) for d in docs}
+    assert len(content) == 40 and keys <= content and len(keys) > 30
     assert train.get_batch(np.arange(4), step=0)["input_ids"].shape == (4, 64)
     # The MIMIC builder as a corpus keeps SUBJECT_IDs for a subject-level split.
     cfg2 = common.data_config()

@@ -26,7 +26,8 @@ def test_each_example_lies_in_exactly_one_unit(unit, subject):
     neither A's true continuation nor touching A; per patient, B comes from another note of
     the patient when there is one."""
     corpus = make_corpus(40, (1, 9), (3, 25), seed=3, subject=subject)  # 3 notes per patient
-    params = instances.InstanceParams(max_seq_length=48, dupe_factor=2, seed=7,
+    # (seed 13: the one-note patient's 3 sentences draw a 'random next' at least once)
+    params = instances.InstanceParams(max_seq_length=48, dupe_factor=2, seed=13,
                                       privacy_unit=unit)
     inst = instances.create_instances(corpus, params, progress=False)
     of_doc = doc_units(corpus, unit)
