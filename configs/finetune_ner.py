@@ -24,7 +24,8 @@ def get_config(arg: str | None = None):
     # The synthetic i2b2-2010-shaped set (data_pipelines.ner): number of notes and seed.
     c.data.synthetic_num_notes = 170
     c.data.synthetic_seed = 0
-    # k-fold by document: k, the held-out fold, and the seed of the split.
+    # k-fold by document: k, the held-out fold, and the seed of the split (a document's fold is a
+    # hash of its content and the seed, never of its position: data_pipelines.ner.kfold_documents).
     c.data.num_folds = 5
     c.data.fold = 0
     c.data.fold_seed = 0

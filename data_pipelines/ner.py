@@ -2,7 +2,7 @@
 first-WordPiece labelling, 128-piece windows, and k-fold splits by document.
 
     docs = ner.generate_i2b2_like(170, seed=0)               # or ner.read_conll(paths)
-    for train_idx, test_idx in ner.kfold_documents(len(docs), k=5, seed=0):
+    for train_idx, test_idx in ner.kfold_documents(docs, k=5, seed=0):
         train = ner.encode_documents([docs[i] for i in train_idx], tokenizer, ner.I2B2_TAGS)
         test = ner.encode_documents([docs[i] for i in test_idx], tokenizer, ner.I2B2_TAGS)
         ...  # train on train.features; predict tags [N, S] on test.features
@@ -46,6 +46,7 @@ not once per window.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pathlib
 import random
@@ -330,20 +331,38 @@ def tag_names(documents: Iterable[Document]) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- folds
 
 
-def kfold_documents(num_documents: int, k: int = 5, *, seed: int = 0
+def document_fold(doc: Document, k: int, seed: int = 0) -> int:
+    """The fold (0..k-1) of a document: a hash of (seed, its content), so a document's fold
+    never depends on the other documents (removing one moves no other between train and test)."""
+    h = hashlib.sha256(f"fold:{seed}:{k}:".encode())
+    for sentence in doc.sentences:
+        h.update(("\x1e".join(sentence.words) + "\x1f" + "\x1e".join(sentence.tags)
+                  + "\x1d").encode())
+    return int.from_bytes(h.digest()[:8], "little") % k
+
+
+def kfold_documents(docs: Sequence[Document], k: int = 5, *, seed: int = 0
                     ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """k (train, test) splits of document indices: the test parts are disjoint, cover every
-    document once and differ in size by at most one; seeded."""
-    if not isinstance(k, int) or k < 2:
+    """k (train, test) splits of document indices: every document is in the test part of
+    exactly one fold, `document_fold` (a hash of its content, not its position: the held-out
+    membership of a document does not depend on which other documents exist); seeded. Folds are
+    balanced in expectation, not exactly.
+
+    Raises:
+      ValueError: k < 2, fewer documents than folds, or a fold without a document.
+    """
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
         raise ValueError(f"k must be an integer >= 2, got {k!r}")
-    if num_documents < k:
-        raise ValueError(f"{num_documents} documents cannot be split into {k} folds")
-    order = np.random.default_rng(seed).permutation(num_documents)
+    if len(docs) < k:
+        raise ValueError(f"{len(docs)} documents cannot be split into {k} folds")
+    fold = np.asarray([document_fold(d, k, seed) for d in docs], np.int64)
     folds = []
-    for part in np.array_split(order, k):
-        test = np.sort(part)
-        train = np.setdiff1d(np.arange(num_documents), test)
-        folds.append((train, test))
+    for f in range(k):
+        test = np.flatnonzero(fold == f)
+        if not test.size:
+            raise ValueError(f"{len(docs)} documents left fold {f} of {k} empty (folds are "
+                             "drawn by a hash of each document); use fewer folds")
+        folds.append((np.flatnonzero(fold != f), test))
     return folds
 
 

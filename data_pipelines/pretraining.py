@@ -275,10 +275,13 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
     info["unit_multiplicity"] = unit_multiplicities(train, train_corpus.num_sentences,
                                                     train_corpus.num_documents)
     if privacy_unit != "example":
-        subjects = train_corpus.subject_ids[train_corpus.subject_ids != NO_SUBJECT]
-        # A vocabulary that is DP per note counts up to this many times per patient.
-        info["unit_multiplicity"]["documents_per_subject_max"] = (
-            int(np.unique(subjects, return_counts=True)[1].max()) if subjects.size else 1)
+        # How many documents (vocabulary records, for a vocabulary DP per document) one unit
+        # spans at most: a patient's notes, or rows sharing a ROW_ID. Private: only CHECKED
+        # against the public cap vocab.max_records_per_unit (dpbert.report.vocab_relation).
+        subjects = np.asarray(train_corpus.subject_ids)
+        keys = (subjects if privacy_unit == "patient" and (subjects != NO_SUBJECT).any()
+                else np.asarray(train_corpus.doc_keys))
+        info["documents_per_unit_max"] = int(np.unique(keys, return_counts=True)[1].max())
     if canary_list:
         train = canaries.append_canary_examples(train, canary_list)
     eval_instances = None
@@ -401,7 +404,8 @@ def _unit_summary(train: Instances, units: np.ndarray, privacy_unit: str,
                                   "mean": round(float(per_unit.mean()), 3),
                                   "median": float(np.median(per_unit))},
             "train_subjects": meta.get("train_subjects"),
-            "train_documents": meta.get("train_documents")}
+            "train_documents": meta.get("train_documents"),
+            "documents_per_unit_max": meta.get("documents_per_unit_max")}
 
 
 def _save_entry(entry: str, train: Instances, eval_instances: Instances | None,

@@ -49,7 +49,7 @@ def documents(config) -> tuple[list, list, tuple[str, ...]]:
         train, test = docs, ner.read_conll(d.eval, tags=tuple(d.labels) or None)
     else:
         try:
-            folds = ner.kfold_documents(len(docs), d.num_folds, seed=d.fold_seed)
+            folds = ner.kfold_documents(docs, d.num_folds, seed=d.fold_seed)
         except ValueError as e:
             raise ConfigError(f"config.data.num_folds={d.num_folds}: {e}") from None
         train_idx, test_idx = folds[d.fold]

@@ -22,6 +22,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 from flax import nnx
 
@@ -109,7 +110,8 @@ class PretrainingTask:
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
                              max_seq_length=data_config.max_seq_length,
                              extra={"vocab_file": vocab_file,
-                                    "do_lower_case": data_config.do_lower_case},
+                                    "do_lower_case": data_config.do_lower_case,
+                                    "task_key": task_key},
                              unit_ids=train_ds.unit_ids, units=train_ds.metadata.get("units"))
 
     # --------------------------------------------------------------------------- model
@@ -143,7 +145,12 @@ class PretrainingTask:
         privatizer = dchi.Privatizer.from_model(
             model, data.extra["vocab_file"], eta=float(d.eta), mechanism=d.mechanism,
             mlm_target=config.mlm_target, prob_samples=d.prob_samples, chunk_size=d.chunk_size)
-        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), _DCHI_STREAM)
+        # Keyed by position in the batch, like dropout: secret in a DP run (positions depend on
+        # which examples the secret sampler drew; `randomness.dropout_key`), else the seed.
+        root = (jnp.asarray(np.asarray(data.extra["task_key"], np.uint32).reshape(2))
+                if config.dp.enabled and not config.dp.insecure_seeded_noise
+                else jax.random.PRNGKey(config.seed))
+        key = jax.random.fold_in(root, _DCHI_STREAM)
         eval_key = jax.random.fold_in(key, _EVAL_STREAM)
         return loop.BatchTransform(
             privatizer,

@@ -166,18 +166,30 @@ def test_windows_and_max_context(char_tokenizer):
 
 
 def test_kfold_by_document():
-    folds = ner.kfold_documents(170, 5, seed=0)
+    docs = ner.generate_i2b2_like(170, seed=0)
+    folds = ner.kfold_documents(docs, 5, seed=0)
     tests = [t for _, t in folds]
-    assert [len(t) for t in tests] == [34] * 5
+    assert all(20 <= len(t) <= 50 for t in tests)  # balanced in expectation (34)
     assert np.array_equal(np.sort(np.concatenate(tests)), np.arange(170))
     for train, test in folds:
-        assert len(train) == 136 and not set(train) & set(test)
-    again = ner.kfold_documents(170, 5, seed=0)
+        assert len(train) + len(test) == 170 and not set(train) & set(test)
+    again = ner.kfold_documents(docs, 5, seed=0)
     assert all(np.array_equal(a[1], b[1]) for a, b in zip(folds, again))
-    other = ner.kfold_documents(170, 5, seed=1)
+    other = ner.kfold_documents(docs, 5, seed=1)
     assert not all(np.array_equal(a[1], b[1]) for a, b in zip(folds, other))
-    assert [len(t) for _, t in ner.kfold_documents(12, 5)] == [3, 3, 2, 2, 2]
+    # A document's fold is a function of its content: removing one document moves no other
+    # between train and test (the held-out split of a neighbouring corpus).
+    for drop in (0, 85, 169):
+        rest = docs[:drop] + docs[drop + 1:]
+        smaller = ner.kfold_documents(rest, 5, seed=0)
+        for (_, test), (_, test_rest) in zip(folds, smaller):
+            want = [docs[i].doc_id for i in test if i != drop]
+            assert [rest[i].doc_id for i in test_rest] == want
     with pytest.raises(ValueError, match="cannot be split"):
-        ner.kfold_documents(3, 5)
+        ner.kfold_documents(docs[:3], 5)
     with pytest.raises(ValueError, match="k must be"):
-        ner.kfold_documents(10, 1)
+        ner.kfold_documents(docs, 1)
+    with pytest.raises(ValueError, match="empty"):
+        ner.kfold_documents(docs[:6], 5)
+
+

@@ -108,7 +108,7 @@ def test_noteevents_sample_units_are_the_training_patients(shared_data, notes_vo
     assert not train_subjects & set(ev.subject_ids.tolist())
     per_unit = np.bincount(train.unit_ids)
     assert units["examples_per_unit"]["max"] == per_unit.max() > 1
-    assert train.metadata["unit_multiplicity"]["documents_per_subject_max"] == max(
+    assert units["documents_per_unit_max"] == max(
         collections.Counter(n.subject_id for n in notes if n.row_id in train_notes).values())
     with pytest.raises(ValueError, match="eval_split_unit='subject'"):
         pretraining.build_datasets(patient_config(path, eval_split_unit="document"),

@@ -559,6 +559,43 @@ def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_pat
     assert not np.array_equal(before[moved], after[moved])  # the rest trains
 
 
+def test_dchi_keys_are_secret_in_a_dp_run(hf_start):
+    """dχ noise is keyed by batch position (like dropout): in a DP run it comes from the run's
+    secret task key, so another run (another key) privatizes the same batch differently; with
+    insecure seeded noise it comes from config.seed."""
+    import jax.numpy as jnp
+
+    from configs import privacy_adaptive
+    from dpbert import loop
+
+    start, _ = hf_start
+    c = privacy_adaptive.get_config("text_to_text")
+    c.model.init_from_hf = str(start)
+    c.dp.enabled = True
+    c.data.max_seq_length = 32
+    vocab_file = start / "vocab.txt"
+    model = train.build_model(c, len(tokenization.load_vocab(vocab_file)))
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": jnp.asarray(rng.integers(5, 900, (4, 16)), jnp.int32),
+             "input_mask": jnp.ones((4, 16), jnp.int32),
+             "segment_ids": jnp.zeros((4, 16), jnp.int32),
+             "masked_lm_positions": jnp.asarray(np.tile(np.arange(1, 4), (4, 1)), jnp.int32),
+             "masked_lm_ids": jnp.asarray(rng.integers(5, 900, (4, 3)), jnp.int32),
+             "masked_lm_weights": jnp.ones((4, 3), jnp.float32),
+             "next_sentence_labels": jnp.zeros((4,), jnp.int32)}
+
+    def privatized(task_key, insecure):
+        c.dp.insecure_seeded_noise = insecure
+        data = loop.TaskData(None, None, extra={"vocab_file": str(vocab_file),
+                                                "task_key": np.asarray(task_key, np.uint32)})
+        t = train.TASK.batch_transform(c, model, data)
+        return np.asarray(t.train(t.operand, batch, jnp.int32(3), jnp.int32(0))["input_ids"])
+
+    a, b = privatized([1, 2], False), privatized([3, 4], False)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(privatized([1, 2], True), privatized([3, 4], True))
+
+
 def test_dchi_needs_a_pretrained_start(cache_dir, tmp_path):
     c = small_config(cache_dir, **{"dchi.mechanism": "text_to_text"})
     with pytest.raises(ConfigError, match="model.init_from_hf"):
