@@ -143,12 +143,18 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["epsilon"] == pytest.approx(training["epsilon"], rel=1e-9)
-    # The headline is the total: the vocabulary (counted once per note a sequence reads from)
-    # plus training, by basic composition.
+    # The headline is the total: the vocabulary plus training, by basic composition. Removing
+    # one training sequence modifies the (up to 2) notes it reads from: the vocabulary's cost is
+    # group privacy at 2 of its replace-one guarantee, computed from its mechanism.
+    from data_pipelines import vocab_privacy
+
     vocab = saved["vocabulary"]
-    k = saved["unit_multiplicity"]["documents_per_example_max"]
-    assert k in (1, 2) and vocab["documents_per_unit"] == k
-    assert vocab["epsilon"] == pytest.approx(k * vocab["vocabulary_epsilon"])
+    assert (vocab["relation"], vocab["records"]) == ("replace", 2)
+    built = json.loads((workdir / "vocab" / "vocab_privacy.json").read_text())
+    want = vocab_privacy.histogram_guarantee(vocab_privacy.privacy_from_report(built),
+                                             "replace", 2)
+    assert (vocab["epsilon"], vocab["delta"]) == (want.epsilon, want.delta)
+    assert vocab["epsilon"] > 2 * vocab["vocabulary_epsilon"]  # more than removing 2 notes
     assert saved["epsilon"] == pytest.approx(vocab["epsilon"] + training["epsilon"])
     assert saved["delta"] == pytest.approx(vocab["delta"] + training["delta"])
     for unit in ("sentence", "document", "subject"):
@@ -167,8 +173,23 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
     card = (workdir / "hf" / "README.md").read_text()
     assert saved["headline"] in card and f"({saved['epsilon']:.3g}, " in saved["headline"]
     assert "one training sequence of at most 32 tokens" in card
-    assert "one sentence in up to" in card and "one subject in up to" in card
+    assert "follows only by group privacy" in card
     assert "| vocabulary.epsilon |" in card and '"dp": true' not in card  # fields, not JSON
+    # What ships is the public report: the workdir's without exact corpus statistics (grep
+    # over every text file of the exported folder).
+    from dpbert import report as report_lib
+
+    shipped = json.loads((workdir / "hf" / "privacy_report.json").read_text())
+    assert shipped == report_lib.public_report(saved)
+    exported = " ".join(f.read_text() for f in (workdir / "hf").iterdir()
+                        if f.suffix in (".json", ".md", ".txt"))
+    for key in ("unit_multiplicity", "documents_per_example_max", "subjects_per_example_max",
+                "train_documents", "train_subjects", '"num_examples": ' + str(
+                    built["num_examples"]), "num_distinct_words", "records_read"):
+        assert key not in exported, key
+    for unit in ("sentence", "document", "subject"):
+        m = saved["unit_multiplicity"][unit]
+        assert f"in up to {m['max']}" not in exported and f"mean {m['mean']:.3g}" not in card
     # The vocabulary's report travels with the export, without the corpus counts.
     shipped = json.loads((workdir / "hf" / "vocab_privacy.json").read_text())
     assert shipped["epsilon"] == vocab["vocabulary_epsilon"] and "num_examples" not in shipped
@@ -185,6 +206,48 @@ def test_demo_config_end_to_end(cache_dir, tmp_path):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     assert "differential privacy" in (tmp_path / "exp2" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_continuing_from_a_dp_export_composes_what_it_spent(cache_dir, tmp_path):
+    """Issue 29's repro: a second run initialised from a first run's export, on the same notes,
+    reports the composition of both trainings (one dp_accounting event of 6 steps, not 3) and
+    counts the shared vocabulary once."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    steps = {"train.num_steps": 3, "train.eval_every": 0, "checkpoint.every_steps": 0}
+    first = train.train_and_evaluate(small_config(cache_dir, **SECRET, **steps),
+                                     tmp_path / "first")
+    second = train.train_and_evaluate(small_config(cache_dir, **SECRET, **steps, **{
+        "model.init_from_hf": str(tmp_path / "first" / "hf")}), tmp_path / "second")
+    t1, t2 = first["training"], second["training"]
+
+    def event(t):
+        spec = t["segments"][0]["spec"]
+        q = spec["expected_batch_size"] / spec["num_examples"]
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.TruncatedSubsampledGaussianDpEvent(
+                spec["num_examples"], q, spec["max_batch_size"], spec["noise_multiplier"]),
+            t["segments"][0]["steps"])
+
+    both = pld_privacy_accountant.PLDAccountant().compose(
+        dp_accounting.ComposedDpEvent([event(t1), event(t2)])).get_epsilon(t2["delta"])
+    assert t2["epsilon"] == pytest.approx(both, rel=1e-9)
+    assert t2["this_run_epsilon"] == pytest.approx(t1["epsilon"], rel=1e-9)  # same mechanism
+    assert t2["inherited_segments"] == t1["segments"]
+    # The same vocabulary (the first run's, shipped in its export): counted once.
+    v1, v2 = first["vocabulary"], second["vocabulary"]
+    assert v2["vocab_sha256"] == v1["vocab_sha256"] and v2["origin"] == "checkpoint"
+    assert v2["epsilon"] == v1["epsilon"] and "inherited_vocabularies" not in second
+    assert second["epsilon"] == pytest.approx(v2["epsilon"] + both)
+    assert second["epsilon"] >= first["epsilon"] + (both - t1["epsilon"]) - 1e-9
+    assert second["lineage"][0]["relation"] == "same"
+    card = (tmp_path / "second" / "hf" / "README.md").read_text()
+    assert "Starting model (model.init_from_hf)" in card and first["headline"] in card
+    # A third generation carries both earlier trainings.
+    shipped = json.loads((tmp_path / "second" / "hf" / "privacy_report.json").read_text())
+    assert shipped["training"]["inherited_segments"] == t1["segments"]
 
 
 # Plan-only tests: a physical batch as large as N means no truncation, which keeps the
