@@ -53,6 +53,19 @@ def base_report(tmp_path: pathlib.Path, *, sigma=1.0, steps=30, secret=True, dp=
     return folder
 
 
+def run_after(lin, steps=5):
+    """(training part, report) of a 5-step run at sigma 1 that starts from `lin`'s model."""
+    ledger = ledger_lib.PrivacyLedger.fresh(spec(1.0), lin.segments)
+    training = report_lib.training_part(ledger, steps, clip_norm=1.0, privacy_unit="example",
+                                        secret=True, target_epsilon=None,
+                                        stopped_by_budget=False)
+    report = report_lib.run_report(training, {"stage": "vocabulary", "read_private_data": False,
+                                              "epsilon": 0.0, "delta": 0.0, "private": True},
+                                   privacy_unit="example", max_seq_length=32, multiplicity=None,
+                                   steps=steps, lineage=lin)
+    return training, report
+
+
 def load(folder, relation="same", unit="example", delta=1e-6, accountant="pld"):
     return lineage.load(str(folder), relation, privacy_unit=unit, dp_enabled=True, delta=delta,
                         accountant=accountant)
@@ -145,14 +158,7 @@ def test_declared_other_data_composes_nothing_and_is_listed(tmp_path, relation):
     assert lin.segments == () and lin.vocabularies == () and not lin.voids
     entry = lin.entry()
     assert entry["relation"] == relation and entry["headline"].startswith("(")
-    ledger = ledger_lib.PrivacyLedger.fresh(spec(1.0))
-    training = report_lib.training_part(ledger, 5, clip_norm=1.0, privacy_unit="example",
-                                        secret=True, target_epsilon=None,
-                                        stopped_by_budget=False)
-    report = report_lib.run_report(training, {"stage": "vocabulary", "read_private_data": False,
-                                              "epsilon": 0.0, "delta": 0.0, "private": True},
-                                   privacy_unit="example", max_seq_length=32, multiplicity=None,
-                                   steps=5, lineage=lin)
+    training, report = run_after(lin)
     assert report["epsilon"] == pytest.approx(training["epsilon"])
     card = "\n".join(report_lib.card_section(report_lib.public_report(report)))
     assert "Starting model (model.init_from_hf)" in card and f"'{relation}'" in card
@@ -163,14 +169,7 @@ def test_a_starting_model_without_a_guarantee_on_the_same_data_voids_the_claim(t
                                                                               secret, dp):
     lin = load(base_report(tmp_path, secret=secret, dp=dp))
     assert lin.voids and "model.init_data" in lin.voids
-    ledger = ledger_lib.PrivacyLedger.fresh(spec(1.0), lin.segments)
-    training = report_lib.training_part(ledger, 5, clip_norm=1.0, privacy_unit="example",
-                                        secret=True, target_epsilon=None,
-                                        stopped_by_budget=False)
-    report = report_lib.run_report(training, {"stage": "vocabulary", "read_private_data": False,
-                                              "epsilon": 0.0, "delta": 0.0, "private": True},
-                                   privacy_unit="example", max_seq_length=32, multiplicity=None,
-                                   steps=5, lineage=lin)
+    training, report = run_after(lin)
     assert report["private"] is False
     assert report["headline"].startswith(("NOT PRIVATE", "No differential-privacy"))
 
