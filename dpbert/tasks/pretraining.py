@@ -310,7 +310,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 do_lower_case=data.do_lower_case, seed=v.seed, progress=False,
                 max_bad_fraction=data.max_bad_fraction,
                 unit=("patient" if config.dp.privacy_unit == "patient"
-                      and data.corpus == "noteevents" else "document"))
+                      and data.corpus == "noteevents" else "document"),
+                duplicate_ids=data.get("duplicate_ids", "refuse"))
         loop.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 
