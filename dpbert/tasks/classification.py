@@ -27,7 +27,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from data_pipelines import classification as clf
 from data_pipelines import identity
@@ -70,7 +69,6 @@ class ClassificationTask(finetuning.FineTuningTask):
         copies = identity.count_exact_duplicates((r.label, r.text_a, r.text_b) for r in rows)
         if copies:
             warning = identity.fine_tuning_warning(d.train, copies, len(rows), "row")
-            logging.warning("%s", warning)
             finetuning.announce(warning)
         if n < config.batch.expected_batch_size:
             raise ConfigError(f"config.batch.expected_batch_size="

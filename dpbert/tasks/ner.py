@@ -27,7 +27,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 from flax import nnx
 
 from data_pipelines import identity, ner
@@ -108,7 +107,6 @@ class NerTask(finetuning.FineTuningTask):
             warning = identity.fine_tuning_warning(
                 d.train or f"synthetic notes (seed {d.synthetic_seed})", copies,
                 len(train_docs), "document")
-            logging.warning("%s", warning)
             finetuning.announce(warning)
         groups = finetuning.group_rows(train.features["example_id"])
         self._eval = (test, ner.sentences_of(ner.gold_tags(test_docs)))
