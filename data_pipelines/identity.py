@@ -164,8 +164,8 @@ class Duplicates:
 
     def _how_to_merge(self) -> str:
         return ("keep one copy of each with duplicate_ids='merge_identical' (training: "
-                "--config.data.duplicate_ids=merge_identical; build_vocab: "
-                "--duplicate_ids=merge_identical)")
+                "--config.data.duplicate_ids=merge_identical; build_vocab, or python -m "
+                "data_pipelines.tfds_data: --duplicate_ids=merge_identical)")
 
     def error(self) -> DuplicateRecordsError | None:
         """The refusal this scan calls for under its rule (None: nothing to refuse)."""
@@ -204,13 +204,15 @@ class Duplicates:
 
     def summary(self) -> dict[str, Any]:
         """For the private reports (exact counts of the corpus)."""
+        ids = ("documents" if all(s.identity == TEXT_IDENTITY for s in self.sources)
+               else f"{self.identity}s")
         if self.rule == "merge_identical" and self.extra_copies:
-            text = (f"duplicate {self.identity}s merged: {self.extra_copies} identical "
-                    f"copies dropped ({self.duplicated_ids} {self.identity}s had copies)")
+            text = (f"duplicate {ids} merged: {self.extra_copies} identical copies dropped "
+                    f"({self.duplicated_ids} {ids} had copies)")
         elif self.rule == "merge_identical":
-            text = f"duplicate {self.identity}s merged if identical (none found)"
+            text = f"duplicate {ids} merged if identical (none found)"
         else:
-            text = f"duplicate {self.identity}s refused (none found)"
+            text = f"duplicate {ids} refused (none found)"
         return {"identity": self.identity, "duplicate_ids": self.rule,
                 "duplicated_ids": self.duplicated_ids, "copies_dropped": len(self.drop),
                 "text": text}

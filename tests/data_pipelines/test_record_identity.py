@@ -231,3 +231,34 @@ def test_fine_tuning_keeps_duplicates_and_says_so(tmp_path, capsys):
     assert task.load(c, tok).num_train == 14
     assert "2 of the 14 training documents are exact copies" in capsys.readouterr().out
     assert "a document that appears twice is two examples" in task.unit_definition(c)
+
+
+# --------------------------------------------------------------------------- TFDS
+
+
+def test_tfds_builder_and_tfds_documents(corpus, tmp_path):
+    from data_pipelines import documents, tfds_data
+
+    with pytest.raises(identity.DuplicateRecordsError, match="data rows 1 and 101") as e:
+        tfds_data.prepare_noteevents(corpus["twice"], tmp_path / "refused")
+    assert str(e.value).startswith(f"{corpus['twice']}: 100 ROW_ID(s)")   # not the temp link
+    built = tfds_data.prepare_noteevents(corpus["twice"], tmp_path / "merged", "merge_identical")
+    source = tfds_data.load_data_source(tfds_data.NOTEEVENTS_NAME, data_dir=str(tmp_path /
+                                                                                "merged"))
+    assert built and len(source) == 100
+    # TFDS documents: one key across all sets; a text's key is its content.
+    wiki = [documents.Document(["same text ."], key=identity.content_key(["same text ."])),
+            documents.Document(["other ."], key=identity.content_key(["other ."]))]
+    notes = [documents.Document(["a ."], 7, key=11), documents.Document(["b ."], 7, key=11)]
+    sources = [identity.Source("TFDS wiki", identity.TEXT_IDENTITY, "document"),
+               identity.Source("TFDS notes", identity.NOTE_IDENTITY, "document")]
+    stream = [(0, wiki[0]), (1, notes[0]), (0, wiki[1]), (0, wiki[0]), (1, notes[1])]
+    with pytest.raises(identity.DuplicateRecordsError) as e:
+        list(identity.unique_documents(lambda: iter(stream), sources))
+    assert ("the first: document 1 of TFDS wiki and document 3 of TFDS wiki; document 1 of "
+            "TFDS notes and document 2 of TFDS notes.") in str(e.value)
+    assert "the copies of 1 of them differ in content" in str(e.value)
+    summary: dict = {}
+    kept = list(identity.unique_documents(lambda: iter(stream[:4]), sources,
+                                          "merge_identical", summary))
+    assert kept == [wiki[0], notes[0], wiki[1]] and summary["copies_dropped"] == 1
