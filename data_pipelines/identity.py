@@ -29,11 +29,12 @@ choice between them is right. How many copies were dropped is an exact statistic
 private corpus: it goes to the console and the workdir's private reports, never into a
 shipped report.
 
-How: two passes over the source. The first reads only ids, a 64-bit hash of each record's
-content and its position (24 bytes per record: MIMIC-III's 2.1 M notes take ~50 MB), and
+How: two passes over the source. The first keeps only ids, a 64-bit hash of each record's
+content and its position (32 bytes per record: MIMIC-III's 2.1 M notes take ~70 MB), and
 decides; the second streams the records and drops the merged copies by their ordinal. The
-first pass costs one more read of the corpus (the CSV parse, no sentence splitting or
-tokenization); a refusal comes before any counting, tokenization or budget.
+first pass costs one more read of the corpus (NOTEEVENTS and text files: the parse, no
+sentence splitting or tokenization; TFDS sets: the whole read, sentence splitting included);
+a refusal comes before any counting, tokenization or budget.
 
 Fine-tuning is different: there the privacy unit is one labelled row (classification) or one
 document (NER), a duplicated row is two examples, and the task says so and warns with the
