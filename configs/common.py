@@ -108,8 +108,9 @@ def get_config() -> ml_collections.ConfigDict:
     # K: at most this many distinct words counted per document/note.
     c.vocab.max_words_per_example = 64
     # Public bound on how many vocabulary records (documents) one training unit spans, needed
-    # only for a vocabulary DP per document with training per patient (or notes sharing a
-    # ROW_ID): the vocabulary then counts this many times (group privacy). None = 1. A corpus
+    # only for a vocabulary DP per document with training per patient (a note is one record:
+    # repeated ROW_IDs are refused or merged, data.duplicate_ids): the vocabulary then counts
+    # this many times (group privacy). None = 1. A corpus
     # that exceeds it is refused before training. A vocabulary built per patient needs none.
     c.vocab.max_records_per_unit = config_dict.placeholder(int)
     # Seed of the vocabulary noise: None = OS entropy (a release); an int makes the build
@@ -289,6 +290,16 @@ def data_config() -> ml_collections.ConfigDict:
     # (malformed CSV, bad UTF-8, ...) before reading stops with an error naming the first bad
     # one; below it they are skipped and counted.
     c.max_bad_fraction = 0.01
+    # Records whose identity repeats (the same ROW_ID in NOTEEVENTS / synthetic notes / the
+    # mimic_noteevents TFDS set, or the same text twice in a plain-text or other TFDS corpus):
+    # "refuse" (default: one error naming the file, how many ids repeat and the positions of
+    # the first copies, before anything is tokenized) or "merge_identical" (keep the first copy
+    # of each id when all its copies are identical, i.e. the same SUBJECT_ID, HADM_ID,
+    # CATEGORY and TEXT; ids whose copies differ are still refused). Many notes of one
+    # SUBJECT_ID are not duplicates. Without this a repeated note would be two vocabulary
+    # records and two documents under a per-note guarantee (data_pipelines/identity.py). A
+    # vocabulary built in the workdir follows the same rule.
+    c.duplicate_ids = "refuse"
     # Use at most this many documents per source (0 = all); for quick runs.
     c.max_documents = 0
     # Sentences longer than this many characters are cut at whitespace (pasted tables).

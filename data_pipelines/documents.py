@@ -5,6 +5,8 @@ source document, plus the SUBJECT_ID of its patient when known (privacy unit "pa
 stable key that identifies it whatever else the corpus holds: ROW_ID for notes; for text
 corpora (which have no ids) ``content_key`` of its sentences, so that removing or adding another
 document changes no key (the held-out split and the note-level privacy unit are keyed by it).
+Keys are unique: a corpus whose ids repeat is refused, or its identical copies merged
+(``identity``, ``data.duplicate_ids``).
 
 Sources:
   * plain text (``corpora.read_text_documents``: one sentence per line, blank line between
@@ -18,11 +20,11 @@ Sources:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from data_pipelines import corpora, sentences
+from data_pipelines import corpora, identity, sentences
+from data_pipelines.identity import content_key  # noqa: F401 - documents' public API
 
 NO_SUBJECT = -1
 
@@ -42,18 +44,6 @@ class Document:
     key: int = -1
 
 
-def content_key(sentences: Sequence[str]) -> int:
-    """A document's identity from its text alone: a 63-bit non-negative integer from the
-    SHA-256 of its sentences (joined by newlines).
-
-    Independent of the document's place in the stream, so removing one document changes no
-    other document's key. Documents with the same text get the same key (they are one note for
-    the privacy unit "note", and fall on the same side of the held-out split).
-    """
-    digest = hashlib.sha256(("dpbert-document\n" + "\n".join(sentences)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 class CorpusNotFoundError(FileNotFoundError):
     """A configured corpus file or directory does not exist."""
 
@@ -70,18 +60,18 @@ def check_paths(paths: Sequence[str], what: str) -> list[str]:
 
 def text_documents(paths: Sequence[str],
                    stats: list[corpora.ReadStats] | None = None,
-                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
-                   ) -> Iterator[Document]:
+                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
+                   duplicate_ids: str = identity.DEFAULT_RULE,
+                   identity_summary: dict | None = None) -> Iterator[Document]:
     """Documents of BERT-format text files, in file order; keys are ``content_key``s.
 
     ``max_bad_fraction``: per file, the largest share of unreadable lines accepted
-    (``corpora.read_text_documents``)."""
-    for path in paths:
-        st = corpora.ReadStats()
-        if stats is not None:
-            stats.append(st)
-        for sents in corpora.read_text_documents(path, st, max_bad_fraction):
-            yield Document(sentences=sents, subject_id=NO_SUBJECT, key=content_key(sents))
+    (``corpora.read_text_documents``). A text that occurs twice (in one file or across files)
+    is a duplicated identity: refused, or one copy kept with ``duplicate_ids=
+    "merge_identical"`` (``identity``; ``identity_summary`` receives what was done)."""
+    for sents, key in identity.unique_text_documents(paths, stats, max_bad_fraction,
+                                                     duplicate_ids, identity_summary):
+        yield Document(sentences=sents, subject_id=NO_SUBJECT, key=key)
 
 
 def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] = (),
@@ -99,19 +89,29 @@ def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] =
 def noteevents_documents(path: str, *, categories: Sequence[str] = (),
                          max_sentence_chars: int = 1000,
                          stats: corpora.ReadStats | None = None,
-                         max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
-                         ) -> Iterator[Document]:
+                         max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
+                         duplicate_ids: str = identity.DEFAULT_RULE,
+                         identity_summary: dict | None = None) -> Iterator[Document]:
     """Documents of a MIMIC-III NOTEEVENTS.csv(.gz) (bad rows counted and skipped; more than
-    ``max_bad_fraction`` of them is an error, see ``corpora.read_noteevents``)."""
-    return note_documents(corpora.read_noteevents(path, stats, max_bad_fraction),
+    ``max_bad_fraction`` of them is an error, see ``corpora.read_noteevents``). A ROW_ID that
+    occurs twice in the file (whatever the categories kept) is refused, or merged where the
+    copies are identical with ``duplicate_ids="merge_identical"`` (``identity``)."""
+    return note_documents(identity.unique_notes(path, stats, max_bad_fraction, duplicate_ids,
+                                                identity_summary),
                           categories=categories,
                           max_sentence_chars=max_sentence_chars)
 
 
 def synthetic_documents(num_notes: int, *, seed: int = 0,
-                        max_sentence_chars: int = 1000) -> Iterator[Document]:
-    """Documents of ``num_notes`` synthetic clinical notes."""
+                        max_sentence_chars: int = 1000,
+                        duplicate_ids: str = identity.DEFAULT_RULE,
+                        identity_summary: dict | None = None) -> Iterator[Document]:
+    """Documents of ``num_notes`` synthetic clinical notes (ROW_IDs are unique by
+    construction; checked like a file's)."""
     from data_pipelines import synthetic_notes  # noqa: PLC0415 - keeps imports light
 
-    return note_documents(synthetic_notes.generate_notes(num_notes, seed=seed),
-                          max_sentence_chars=max_sentence_chars)
+    make: Callable[[], Iterable[corpora.Note]] = (
+        lambda: synthetic_notes.generate_notes(num_notes, seed=seed))
+    return note_documents(identity.unique_generated_notes(
+        make, f"synthetic notes (seed {seed})", duplicate_ids, identity_summary),
+        max_sentence_chars=max_sentence_chars)

@@ -21,7 +21,11 @@ example.  With ``unit="patient"`` (noteevents only) the notes of one ``SUBJECT_I
 grouped into ONE example before contribution bounding, so a patient's notes together
 contribute at most K distinct words and the guarantee is per patient (add or remove one
 patient with all their notes).  Grouping holds the corpus's text in memory, grouped by
-patient, before counting.  A training unit smaller than the vocabulary's example (a
+patient, before counting.  An example is one IDENTITY, not one position
+(``data_pipelines/identity.py``): a ROW_ID that occurs twice (or a text document that occurs
+twice) is refused before anything is counted, or with ``duplicate_ids="merge_identical"``
+its identical copies are one example; otherwise a duplicated note would count twice under a
+per-note epsilon.  A training unit smaller than the vocabulary's example (a
 sequence cut from a document, a note of a per-patient vocabulary) MODIFIES examples rather
 than removing them, which costs more (replace-one: at most 2K counts move); a unit spanning
 several examples (a sequence from two documents, a patient's notes) costs group privacy:
@@ -112,7 +116,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 from absl import logging
 
-from data_pipelines import corpora, fileio
+from data_pipelines import corpora, fileio, identity
 from data_pipelines.vocab_privacy import (  # noqa: F401 - dp_vocab's public API
     ACCOUNTING_MODES, MAX_PER_WORD_EPSILON, MAX_WORDS_PER_EXAMPLE, RELATIONS, Guarantee,
     HistogramPrivacy, VocabError, calibrate_histogram, check_conditions, histogram_guarantee,
@@ -293,16 +297,24 @@ def word_histogram(examples: Iterable[str], max_words_per_example: int | None,
 def iter_examples(path: str | os.PathLike[str], fmt: str,
                   stats: corpora.ReadStats | None = None,
                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
-                  unit: str = "document") -> Iterator[str]:
+                  unit: str = "document", duplicate_ids: str = identity.DEFAULT_RULE,
+                  identity_summary: dict | None = None) -> Iterator[str]:
     """Example texts of a corpus: one document (``text``) or one note (``noteevents``); with
     ``unit="patient"`` (noteevents) the notes of one SUBJECT_ID joined, patients in
-    SUBJECT_ID order."""
+    SUBJECT_ID order.
+
+    One record per identity (``identity``: a note is its ROW_ID, a text document its text):
+    a corpus whose ids repeat is refused (``identity.DuplicateRecordsError``) before the first
+    example is yielded, or with ``duplicate_ids="merge_identical"`` the identical copies are
+    dropped (``identity_summary`` receives what was done). Many notes of one patient are not
+    duplicates; with ``unit="patient"`` a repeated ROW_ID is, as per note."""
     if unit == "patient":
         if fmt != "noteevents":
             raise VocabError(f"unit='patient' needs format='noteevents' (SUBJECT_IDs), got "
                              f"{fmt!r}")
         by_subject: dict[int, list[str]] = collections.defaultdict(list)
-        for note in corpora.read_noteevents(path, stats, max_bad_fraction):
+        for note in identity.unique_notes(os.fspath(path), stats, max_bad_fraction,
+                                          duplicate_ids, identity_summary):
             by_subject[note.subject_id].append(note.text)
         for subject in sorted(by_subject):
             yield "\n".join(by_subject.pop(subject))
@@ -310,10 +322,13 @@ def iter_examples(path: str | os.PathLike[str], fmt: str,
     if unit != "document":
         raise VocabError(f"unit must be one of {UNITS}, got {unit!r}")
     if fmt == "text":
-        for doc in corpora.read_text_documents(path, stats, max_bad_fraction):
+        for doc, _ in identity.unique_text_documents(
+                [os.fspath(path)], None if stats is None else [stats], max_bad_fraction,
+                duplicate_ids, identity_summary):
             yield "\n".join(doc)
     elif fmt == "noteevents":
-        for note in corpora.read_noteevents(path, stats, max_bad_fraction):
+        for note in identity.unique_notes(os.fspath(path), stats, max_bad_fraction,
+                                          duplicate_ids, identity_summary):
             yield note.text
     else:
         raise VocabError(f"format must be one of {FORMATS}, got {fmt!r}")
@@ -344,7 +359,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
                 progress: bool = True,
                 max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
-                min_learned_tokens: int = 0, unit: str = "document") -> VocabResult:
+                min_learned_tokens: int = 0, unit: str = "document",
+                duplicate_ids: str = identity.DEFAULT_RULE) -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -375,6 +391,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
         (training's tiny test corpora), with the warning below.
       unit: "document" (one note / text document is one example) or "patient" (noteevents:
         the notes of one SUBJECT_ID together are one example).
+      duplicate_ids: "refuse" (a corpus in which a ROW_ID, or a text document, occurs twice is
+        refused before anything is counted) or "merge_identical" (identical copies are one
+        example; copies that differ are still refused): ``identity``.
 
     Returns:
       :class:`VocabResult` (``report["warnings"]`` when the vocabulary learned fewer than
@@ -383,7 +402,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     Raises:
       VocabError: bad parameters, delta >= 1/n, violated per-word conditions, existing
         output, no learned token.
-      corpora.CorpusError: missing/malformed/empty corpus.
+      corpora.CorpusError: missing/malformed/empty corpus;
+        ``identity.DuplicateRecordsError`` for repeated ids (the rule above).
     """
     start = time.perf_counter()
     if os.path.isdir(input_path):
@@ -403,6 +423,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     if unit not in UNITS or (unit == "patient" and fmt != "noteevents"):
         raise VocabError(f"unit={unit!r} must be one of {UNITS} ('patient' needs "
                          f"format='noteevents', got {fmt!r})")
+    if duplicate_ids not in identity.RULES:
+        raise VocabError(f"duplicate_ids must be one of {identity.RULES}, got "
+                         f"{duplicate_ids!r}")
     privacy = calibrate_histogram(epsilon, delta, max_words_per_example,
                                   accounting) if dp else None
     if privacy is not None and privacy.epsilon_per_word >= MAX_PER_WORD_EPSILON:
@@ -427,8 +450,10 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     root = np.random.SeedSequence(seed)
     entropy = int(root.entropy)
     stats = corpora.ReadStats()
+    duplicates: dict[str, Any] = {}
     histogram, num_examples = word_histogram(
-        iter_examples(input_path, fmt, stats, max_bad_fraction, unit),
+        iter_examples(input_path, fmt, stats, max_bad_fraction, unit, duplicate_ids,
+                      duplicates),
         max_words_per_example if dp else None,
         entropy, do_lower_case, num_workers, progress)
     t_count = time.perf_counter() - start - t_calibrate
@@ -450,7 +475,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
 
     report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                      num_learned, num_unused, do_lower_case, seed, num_examples,
-                     len(histogram), len(word_counts), stats, unit)
+                     len(histogram), len(word_counts), stats, unit, duplicates)
     if warnings:
         report["warnings"] = warnings
     report["seconds"] = {"calibrate": round(t_calibrate, 3), "count": round(t_count, 3),
@@ -523,8 +548,11 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
             k: int, vocab_size: int, num_learned: int, num_unused: int,
             do_lower_case: bool, seed: int | None, num_examples: int,
             num_distinct: int, num_surviving: int,
-            stats: corpora.ReadStats, unit: str = "document") -> dict[str, Any]:
-    """The content of ``vocab_privacy.json``."""
+            stats: corpora.ReadStats, unit: str = "document",
+            duplicates: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The content of ``vocab_privacy.json``. ``duplicates``: ``identity``'s summary (the rule
+    is public, the counts are not)."""
+    duplicates = dict(duplicates or {})
     report: dict[str, Any] = {
         "dp": privacy is not None,
         "epsilon": float(epsilon) if privacy else None,
@@ -535,6 +563,10 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
                                   if unit == "patient" else "add or remove one example"),
         "example_definition": EXAMPLE_DEFINITIONS["patient" if unit == "patient" else fmt],
         "format": fmt,
+        # One record per identity (data_pipelines/identity.py): the rule, not its outcome.
+        "record_identity": (identity.NOTE_IDENTITY if fmt == "noteevents"
+                            else identity.TEXT_IDENTITY),
+        "duplicate_ids": duplicates.get("duplicate_ids", identity.DEFAULT_RULE),
     }
     if privacy is not None:
         report.update(
@@ -573,7 +605,9 @@ def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: f
                 "skipped_malformed": stats.skipped_malformed,
                 "skipped_empty": stats.skipped_empty,
                 "skipped_bad_utf8": stats.skipped_bad_utf8},
-        non_private_fields=["num_examples", "num_distinct_words", "reader"],
+        duplicates={k: duplicates.get(k, 0) for k in ("duplicated_ids", "copies_dropped")}
+        | {"text": duplicates.get("text", "")},
+        non_private_fields=["num_examples", "num_distinct_words", "reader", "duplicates"],
         non_private_note=("these fields are exact counts from the corpus, not covered by "
                           "epsilon/delta (num_distinct_words counts the bounded histogram's "
                           "nonzero words); drop them before publishing this file"),

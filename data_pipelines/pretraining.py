@@ -24,7 +24,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from data_pipelines import tokenization
+from data_pipelines import identity, tokenization
 from data_pipelines.tokenized_corpus import heldout_draw, tokenize_and_split
 from data_pipelines.datasets import PretrainingDataset
 from data_pipelines.documents import NO_SUBJECT
@@ -77,6 +77,8 @@ def _check_config(cfg: ml_collections.ConfigDict, privacy_unit: str = "example")
         raise bad("max_documents", "must be >= 0 (0 = all)")
     if not (isinstance(cfg.max_bad_fraction, (int, float)) and 0 <= cfg.max_bad_fraction < 1):
         raise bad("max_bad_fraction", "must be in [0, 1)")
+    if cfg.get("duplicate_ids", identity.DEFAULT_RULE) not in identity.RULES:
+        raise bad("duplicate_ids", f"must be one of {identity.RULES}")
     if isinstance(cfg.paths, str):
         raise bad("paths", "must be a tuple of paths, e.g. ('a.txt',)")
     if cfg.corpus in ("text", "noteevents") and not cfg.paths:
@@ -156,40 +158,59 @@ def _capped(docs: Iterable[Any], limit: int) -> Iterator[Any]:
         yield d
 
 
-def _documents(cfg: ml_collections.ConfigDict, read_stats: list) -> Iterator[Any]:
-    """All documents of the configured corpus."""
+def _documents(cfg: ml_collections.ConfigDict, read_stats: list,
+               identity_summary: dict | None = None) -> Iterator[Any]:
+    """All documents of the configured corpus, one per identity (ROW_ID, or a text's content:
+    ``identity``): repeated ids are refused before the first document is yielded, or their
+    identical copies dropped (``data.duplicate_ids``); ``identity_summary`` receives what
+    was done."""
     from data_pipelines import corpora, documents  # noqa: PLC0415
 
     limit = cfg.max_documents
+    rule = cfg.get("duplicate_ids", identity.DEFAULT_RULE)
     if cfg.corpus == "text":
         yield from _capped(documents.text_documents(
-            list(cfg.paths), read_stats, max_bad_fraction=cfg.max_bad_fraction), limit)
+            list(cfg.paths), read_stats, max_bad_fraction=cfg.max_bad_fraction,
+            duplicate_ids=rule, identity_summary=identity_summary), limit)
     elif cfg.corpus == "noteevents":
         st = corpora.ReadStats()
         read_stats.append(st)
         yield from _capped(documents.noteevents_documents(
             cfg.paths[0], categories=cfg.noteevents_categories,
             max_sentence_chars=cfg.max_sentence_chars, stats=st,
-            max_bad_fraction=cfg.max_bad_fraction), limit)
+            max_bad_fraction=cfg.max_bad_fraction, duplicate_ids=rule,
+            identity_summary=identity_summary), limit)
     elif cfg.corpus == "synthetic":
         yield from documents.synthetic_documents(cfg.synthetic_num_notes,
                                                  seed=cfg.synthetic_seed,
-                                                 max_sentence_chars=cfg.max_sentence_chars)
+                                                 max_sentence_chars=cfg.max_sentence_chars,
+                                                 duplicate_ids=rule,
+                                                 identity_summary=identity_summary)
     else:
         from data_pipelines import tfds_data  # noqa: PLC0415
 
-        for name in cfg.tfds_names:
-            per_doc = (cfg.tfds_sentences_per_document if name in cfg.tfds_sentence_datasets
-                       else 0)
-            docs = tfds_data.tfds_documents(
-                name, split=cfg.tfds_split, data_dir=cfg.tfds_data_dir or None,
-                text_key=cfg.tfds_text_key, sentences_per_document=per_doc,
-                max_documents=limit, max_sentence_chars=cfg.max_sentence_chars)
-            if cfg.noteevents_categories and name == tfds_data.NOTEEVENTS_NAME:
-                _log.warning("noteevents_categories is not applied to TFDS sources")
-            # Keys are ROW_IDs or content hashes (never positions): the held-out split and the
-            # note unit stay the same for every other document when one is removed.
-            yield from docs
+        names = list(cfg.tfds_names)
+        if cfg.noteevents_categories and tfds_data.NOTEEVENTS_NAME in names:
+            _log.warning("noteevents_categories is not applied to TFDS sources")
+
+        def tfds_docs() -> Iterator[tuple[int, Any]]:
+            for i, name in enumerate(names):
+                per_doc = (cfg.tfds_sentences_per_document
+                           if name in cfg.tfds_sentence_datasets else 0)
+                for doc in tfds_data.tfds_documents(
+                        name, split=cfg.tfds_split, data_dir=cfg.tfds_data_dir or None,
+                        text_key=cfg.tfds_text_key, sentences_per_document=per_doc,
+                        max_documents=limit, max_sentence_chars=cfg.max_sentence_chars):
+                    yield i, doc
+
+        # Keys are ROW_IDs or content hashes (never positions): the held-out split and the
+        # note unit stay the same for every other document when one is removed. One key
+        # across all the sets is one document (identity.unique_documents).
+        sources = [identity.Source(
+            f"TFDS {name}",
+            identity.NOTE_IDENTITY if name == tfds_data.NOTEEVENTS_NAME
+            else identity.TEXT_IDENTITY, "document") for name in names]
+        yield from identity.unique_documents(tfds_docs, sources, rule, identity_summary)
 
 
 def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
@@ -205,6 +226,9 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
         "eval": [cfg.eval_fraction, cfg.eval_split_unit],
         "seed": cfg.seed,
         "canaries": (cfg.canaries.to_dict() if cfg.canaries.enabled else None),
+        # Record identity (duplicated ids refused or merged): entries made before the check
+        # existed may hold a duplicated note twice, so every fingerprint names the rule.
+        "duplicate_ids": cfg.get("duplicate_ids", identity.DEFAULT_RULE),
     }
     if privacy_unit != "example":  # (absent for "example": its cache keys stay as they were)
         payload["privacy_unit"] = privacy_unit
@@ -237,10 +261,13 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
             key = doc.subject_id if by_subject else doc.key
             return heldout_draw(cfg.seed, key) < cfg.eval_fraction
 
-    train_corpus, eval_corpus = tokenize_and_split(_documents(cfg, read_stats), tok,
-                                                   is_eval=is_eval)
+    record_identity: dict[str, Any] = {}
+    train_corpus, eval_corpus = tokenize_and_split(_documents(cfg, read_stats, record_identity),
+                                                   tok, is_eval=is_eval)
     info: dict[str, Any] = {
         "read_stats": [s.summary() for s in read_stats],
+        # How duplicated ids were handled, with exact counts (private: the workdir's report).
+        "record_identity": record_identity,
         "train_documents": train_corpus.num_documents,
         "eval_documents": eval_corpus.num_documents,
         "train_subjects": int(len(np.unique(train_corpus.subject_ids[
@@ -274,9 +301,12 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
     train = create_instances(train_corpus, params)
     info["unit_multiplicity"] = unit_multiplicities(train, train_corpus.num_sentences,
                                                     train_corpus.num_documents)
+    if record_identity:
+        info["unit_multiplicity"]["record_identity"] = record_identity
     if privacy_unit != "example":
         # How many documents (vocabulary records, for a vocabulary DP per document) one unit
-        # spans at most: a patient's notes, or rows sharing a ROW_ID. Private: only CHECKED
+        # spans at most: a patient's notes (a note is one document: ids are unique, see
+        # identity). Private: only CHECKED
         # against the public cap vocab.max_records_per_unit (dpbert.report.vocab_relation).
         subjects = np.asarray(train_corpus.subject_ids)
         keys = (subjects if privacy_unit == "patient" and (subjects != NO_SUBJECT).any()
@@ -405,7 +435,8 @@ def _unit_summary(train: Instances, units: np.ndarray, privacy_unit: str,
                                   "median": float(np.median(per_unit))},
             "train_subjects": meta.get("train_subjects"),
             "train_documents": meta.get("train_documents"),
-            "documents_per_unit_max": meta.get("documents_per_unit_max")}
+            "documents_per_unit_max": meta.get("documents_per_unit_max"),
+            "record_identity": meta.get("record_identity")}
 
 
 def _save_entry(entry: str, train: Instances, eval_instances: Instances | None,

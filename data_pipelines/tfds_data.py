@@ -8,7 +8,9 @@ Everything here runs WITHOUT TensorFlow: TFDS 4.9.10 builds a ``GeneratorBasedBu
   ``subject_id``, ``hadm_id`` (-1 when empty), ``category``; one ``train`` split (the held-out
   split is made by ``pretraining.build_datasets`` by document or subject). Built from the user's
   ``NOTEEVENTS.csv.gz`` (or ``.csv``) with ``corpora.read_noteevents`` (bad rows counted and
-  skipped). ``prepare_noteevents(path_or_dir, data_dir)`` builds it.
+  skipped), one example per ROW_ID (a repeated ROW_ID is refused, or its identical copies
+  merged with ``duplicate_ids="merge_identical"``: ``identity``; TFDS would otherwise fail on
+  the duplicated example key). ``prepare_noteevents(path_or_dir, data_dir)`` builds it.
 * ``tfds_documents(name, ...)``: documents from any prepared TFDS dataset with a text feature
   (``mimic_noteevents``, ``wikipedia/20230601.en``, a BookCorpus prepared as TFDS, ...). Either
   one example = one document (split into sentences), or one example = one sentence with
@@ -30,7 +32,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import utils as tfds_utils
 
-from data_pipelines import corpora, documents, sentences
+from data_pipelines import documents, identity, sentences
 
 NOTEEVENTS_NAME = "mimic_noteevents"
 _NOTEEVENTS_FILES = ("NOTEEVENTS.csv.gz", "NOTEEVENTS.csv")
@@ -45,6 +47,9 @@ class MimicNoteevents(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First release: text, row_id, subject_id, hadm_id, category."}
+    # A ROW_ID that occurs twice in the file: "refuse" or "merge_identical" (keep the first of
+    # identical copies): data_pipelines/identity.py, as the vocabulary and the training data.
+    duplicate_ids = "refuse"
     MANUAL_DOWNLOAD_INSTRUCTIONS = """\
 MIMIC-III is credentialed-access data and cannot be downloaded automatically.
 1. Obtain access on PhysioNet (https://physionet.org/content/mimiciii/1.4/): complete the
@@ -91,7 +96,8 @@ Keep the prepared dataset under the same access controls as the original file.""
             f"{self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
 
     def _generate_examples(self, path: str):
-        for note in corpora.read_noteevents(path):
+        # realpath: messages name the user's file, not the link in the manual directory.
+        for note in identity.unique_notes(os.path.realpath(path), rule=self.duplicate_ids):
             yield note.row_id, {
                 "text": note.text,
                 "row_id": note.row_id,
@@ -101,10 +107,13 @@ Keep the prepared dataset under the same access controls as the original file.""
             }
 
 
-def prepare_noteevents(noteevents: str | os.PathLike, data_dir: str | os.PathLike) -> str:
+def prepare_noteevents(noteevents: str | os.PathLike, data_dir: str | os.PathLike,
+                       duplicate_ids: str = "refuse") -> str:
     """Builds ``mimic_noteevents`` (array_record) in ``data_dir`` from a NOTEEVENTS file (any
     name) or the folder holding ``NOTEEVENTS.csv(.gz)``; returns the dataset directory. Does
-    nothing if it is already built."""
+    nothing if it is already built. A ROW_ID that occurs twice is refused (``identity``), or
+    with ``duplicate_ids="merge_identical"`` its identical copies are written once."""
+    identity.check_rule(duplicate_ids)
     path = os.path.abspath(os.fspath(noteevents))
     with tempfile.TemporaryDirectory() as tmp:
         if os.path.isdir(path):
@@ -119,6 +128,7 @@ def prepare_noteevents(noteevents: str | os.PathLike, data_dir: str | os.PathLik
         else:
             raise documents.CorpusNotFoundError(f"NOTEEVENTS file not found: {path!r}")
         builder = MimicNoteevents(data_dir=os.fspath(data_dir), file_format="array_record")
+        builder.duplicate_ids = duplicate_ids
         builder.download_and_prepare(
             download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
     return os.fspath(builder.data_dir)
@@ -237,8 +247,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--noteevents", required=True,
                         help="NOTEEVENTS.csv.gz / NOTEEVENTS.csv, or the folder holding it")
     parser.add_argument("--data_dir", default=_resolve_data_dir(None))
+    parser.add_argument("--duplicate_ids", choices=identity.RULES, default=identity.DEFAULT_RULE,
+                        help="a ROW_ID that occurs twice: refuse, or keep one of identical "
+                             "copies (merge_identical)")
     args = parser.parse_args(argv)
-    print(prepare_noteevents(args.noteevents, args.data_dir))
+    from data_pipelines import corpora  # noqa: PLC0415
+
+    try:
+        print(prepare_noteevents(args.noteevents, args.data_dir, args.duplicate_ids))
+    except (corpora.CorpusError, documents.CorpusNotFoundError, DataNotPreparedError) as e:
+        raise SystemExit(f"tfds_data: {e}") from None
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 
 from absl import app, flags, logging
 
-from data_pipelines import corpora, dp_vocab
+from data_pipelines import corpora, dp_vocab, identity
 from dpbert import cli
 
 _INPUT = flags.DEFINE_string("input", None, "Corpus file (.gz allowed).")
@@ -59,6 +59,13 @@ _MAX_BAD = flags.DEFINE_float("max_bad_fraction", corpora.DEFAULT_MAX_BAD_FRACTI
                               "unparseable (skipped); more is an error naming the first "
                               "bad row's line.", lower_bound=0.0, upper_bound=1.0)
 
+_DUPLICATES = flags.DEFINE_enum(
+    "duplicate_ids", identity.DEFAULT_RULE, list(identity.RULES),
+    "A ROW_ID (noteevents) or a document text (text) that occurs more than once: refuse "
+    "(default: an error with the count and the first rows, nothing written) or "
+    "merge_identical (keep one copy where all copies are identical; copies that differ are "
+    "still refused). Use the same rule as the training's data.duplicate_ids.")
+
 flags.mark_flags_as_required(["input", "vocab_size", "out"])
 
 
@@ -75,10 +82,13 @@ def main(argv: list[str]) -> None:
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
             num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
-            min_learned_tokens=1, unit=_UNIT.value)
+            min_learned_tokens=1, unit=_UNIT.value, duplicate_ids=_DUPLICATES.value)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
         print(f"build_vocab: error: {e}", file=sys.stderr)
         sys.exit(2)
+    dropped = result.report.get("duplicates", {}).get("copies_dropped")
+    if dropped:  # an exact count of the corpus: console only (not in the shipped report)
+        print(f"build_vocab: NOTE: {result.report['duplicates']['text']}", file=sys.stderr)
     for warning in result.report.get("warnings", ()):
         print(f"build_vocab: WARNING: {warning}", file=sys.stderr)
     r = result.report

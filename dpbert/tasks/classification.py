@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines import classification as clf
+from data_pipelines import identity
 from dpbert import task_losses
 from dpbert.errors import ConfigError
 from dpbert.tasks import finetuning
@@ -63,6 +64,12 @@ class ClassificationTask(finetuning.FineTuningTask):
         if d.max_train_examples:
             train = {k: v[:d.max_train_examples] for k, v in train.items()}
         n = len(train["input_ids"])
+        # A duplicated row is two examples (the unit is one row): say how many, never which.
+        rows = clf.read_tsv(d.train)[:n]
+        copies = identity.count_exact_duplicates((r.label, r.text_a, r.text_b) for r in rows)
+        if copies:
+            warning = identity.fine_tuning_warning(d.train, copies, len(rows), "row")
+            finetuning.announce(warning)
         if n < config.batch.expected_batch_size:
             raise ConfigError(f"config.batch.expected_batch_size="
                               f"{config.batch.expected_batch_size} exceeds the {n} training "
@@ -75,7 +82,9 @@ class ClassificationTask(finetuning.FineTuningTask):
 
     def unit_definition(self, config) -> str:
         return ("one labelled example: one row of the training file (label<TAB>text"
-                f"[<TAB>text_b]), at most {config.data.max_seq_length} WordPieces")
+                f"[<TAB>text_b]), at most {config.data.max_seq_length} WordPieces; rows are "
+                "not merged by content: a row that appears twice in the file is two examples "
+                "(its text is covered only as a group of 2)")
 
     # ------------------------------------------------------------------------- loss, eval
 

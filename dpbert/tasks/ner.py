@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from data_pipelines import ner
+from data_pipelines import identity, ner
 from dpbert import ner_metrics, task_losses
 from dpbert.errors import ConfigError
 from dpbert.tasks import finetuning
@@ -100,6 +100,14 @@ class NerTask(finetuning.FineTuningTask):
         kw = dict(max_seq_len=d.max_seq_length, stride=d.stride, unit="document")
         train = ner.encode_documents(train_docs, tokenizer, tags, **kw)
         test = ner.encode_documents(test_docs, tokenizer, tags, **kw)
+        # A duplicated document is two examples (the unit is one document; doc_ids are names
+        # made from the file and the position, not identities): say how many, never which.
+        copies = identity.count_exact_duplicates(doc.sentences for doc in train_docs)
+        if copies:
+            warning = identity.fine_tuning_warning(
+                d.train or f"synthetic notes (seed {d.synthetic_seed})", copies,
+                len(train_docs), "document")
+            finetuning.announce(warning)
         groups = finetuning.group_rows(train.features["example_id"])
         self._eval = (test, ner.sentences_of(ner.gold_tags(test_docs)))
         finetuning.announce(
@@ -111,7 +119,9 @@ class NerTask(finetuning.FineTuningTask):
 
     def unit_definition(self, config) -> str:
         return ("one document (note): all its windows of up to "
-                f"{config.data.max_seq_length} WordPieces form ONE training example")
+                f"{config.data.max_seq_length} WordPieces form ONE training example; documents "
+                "are not merged by content or doc_id: a document that appears twice is two "
+                "examples (covered only as a group of 2)")
 
     # ------------------------------------------------------------------------- loss, eval
 

@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from data_pipelines import fileio, tokenization
+from data_pipelines import fileio, identity, tokenization
 from dpbert import dchi, hf, loop, losses
 from dpbert import metrics as metrics_lib
 from dpbert import model as model_lib
@@ -56,6 +56,8 @@ class PretrainingTask:
         return "mixed_ghost" if config.dp.privacy_unit == "example" else "ghost_embedding"
 
     def validate(self, config: ml_collections.ConfigDict) -> None:
+        _need(config, config.data.get("duplicate_ids", identity.DEFAULT_RULE) in identity.RULES,
+              "data.duplicate_ids", f"must be one of {', '.join(identity.RULES)}")
         if config.data.corpus in ("text", "noteevents"):
             what = ("a MIMIC-III NOTEEVENTS.csv(.gz) file (credentialed PhysioNet data, "
                     "download it yourself)" if config.data.corpus == "noteevents" else
@@ -310,7 +312,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 do_lower_case=data.do_lower_case, seed=v.seed, progress=False,
                 max_bad_fraction=data.max_bad_fraction,
                 unit=("patient" if config.dp.privacy_unit == "patient"
-                      and data.corpus == "noteevents" else "document"))
+                      and data.corpus == "noteevents" else "document"),
+                duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
         loop.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 

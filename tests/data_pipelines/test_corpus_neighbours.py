@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from data_pipelines import (datasets, documents, instances, masking, pretraining, sentences,
-                            synthetic_notes, tokenization, tokenized_corpus)
+from data_pipelines import (datasets, documents, identity, instances, masking, pretraining,
+                            sentences, synthetic_notes, tokenization, tokenized_corpus)
 from tests.data_pipelines.test_pretraining import IS_CONT, SPECIAL, VOCAB, make_corpus
 
 STEPS = (0, 1, 7, 1000)
@@ -241,9 +241,11 @@ def test_heldout_membership_is_a_function_of_the_identity():
 
 # ------------------------------------------------------------------------- duplicated ROW_ID
 
-def test_rows_sharing_a_row_id_are_one_note(tmp_path, notes_vocab):
-    """Two NOTEEVENTS rows with the same ROW_ID are ONE note unit: one unit id, 'random next'
-    segments within the pair, and removing both rows changes no other note's examples."""
+def test_rows_sharing_a_row_id_are_refused_or_merged(tmp_path, notes_vocab):
+    """Two NOTEEVENTS rows with the same ROW_ID and different text are not one note: refused
+    under either rule (issue 35, data_pipelines/identity.py). An identical copy is refused by
+    default; merged (data.duplicate_ids='merge_identical') it is one note, and removing that
+    note changes no other note's examples."""
     rows = notes(60)
     dup_of, dup = rows[10].note.row_id, 11  # row 11 (same patient) gets row 10's ROW_ID
     assert rows[dup].note.subject_id == rows[10].note.subject_id
@@ -251,19 +253,18 @@ def test_rows_sharing_a_row_id_are_one_note(tmp_path, notes_vocab):
                                                                       row_id=dup_of))
     path = tmp_path / "NOTEEVENTS.csv"
     synthetic_notes.write_noteevents_csv(path, rows)
-    train, ev = build(path, notes_vocab, "note", eval_fraction=0.0)
-    assert ev is None
-    inst = train.instances
-    mine = np.asarray(inst.doc_key) == dup_of
-    assert len(np.unique(np.asarray(inst.doc_index)[mine])) == 2  # both rows made examples
-    assert len(np.unique(train.unit_ids[mine])) == 1
-    assert not np.isin(train.unit_ids[~mine], train.unit_ids[mine]).any()
-    assert train.metadata["units"]["num_units"] == 59
-    assert (np.asarray(inst.b_doc_key)[mine] == dup_of).all()
-    # 'random next' from the other row of the pair (a unit of several documents).
-    crossed = mine & np.asarray(inst.is_random_next) & (
-        np.asarray(inst.doc_index) != np.asarray(inst.b_doc_index))
-    assert crossed.any()
+    for rule in identity.RULES:
+        with pytest.raises(identity.DuplicateRecordsError, match="data rows 11 and 12"):
+            build(path, notes_vocab, "note", eval_fraction=0.0, duplicate_ids=rule)
+    rows = notes(60)
+    dup_of = rows[10].note.row_id
+    synthetic_notes.write_noteevents_csv(path, rows[:30] + [rows[10]] + rows[30:])
+    with pytest.raises(identity.DuplicateRecordsError, match="all copies are identical"):
+        build(path, notes_vocab, "note", eval_fraction=0.0)
+    train, ev = build(path, notes_vocab, "note", eval_fraction=0.0,
+                      duplicate_ids="merge_identical")
+    assert ev is None and train.metadata["units"]["num_units"] == 60
+    assert train.metadata["units"]["documents_per_unit_max"] == 1
     path2 = tmp_path / "NOTEEVENTS_minus.csv"
     synthetic_notes.write_noteevents_csv(path2, [r for r in rows if r.note.row_id != dup_of])
     train2, _ = build(path2, notes_vocab, "note", eval_fraction=0.0)
