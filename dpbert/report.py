@@ -58,7 +58,8 @@ PRIVATE_FIELDS = ("units", "unit_multiplicity")
 VOCAB_PUBLIC_FIELDS = ("dp", "epsilon", "delta", "K", "unit", "neighbouring_relation",
                        "example_definition", "format", "mechanism", "accounting",
                        "secret_randomness", "vocab_size", "num_learned_tokens", "noise_scale",
-                       "threshold", "delta_noise", "delta_threshold")
+                       "threshold", "delta_noise", "delta_threshold", "record_identity",
+                       "duplicate_ids")
 # Fields of a vocabulary part that the run computed (public: parameters and their guarantee).
 _VOCAB_PART_FIELDS = ("stage", "read_private_data", "origin", "vocab_sha256",
                       "vocabulary_epsilon", "vocabulary_delta", "relation", "records",
@@ -143,7 +144,8 @@ def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
             "the corpus has no SUBJECT_IDs: one training patient is one document, one "
             "vocabulary record"))
     # A per-document vocabulary and a training unit that may span several documents (a patient's
-    # notes; notes sharing a ROW_ID): the public cap, checked against the corpus.
+    # notes; a note unit spans one document, since duplicated ROW_IDs are refused or merged
+    # before anything reads them, `data_pipelines.identity`): the public cap, checked.
     cap = int(max_records_per_unit) if max_records_per_unit else 1
     if observed_records_per_unit is not None and observed_records_per_unit > cap:
         what = "patient" if privacy_unit == "patient" else "note (ROW_ID)"

@@ -76,7 +76,8 @@ def test_a_per_document_vocabulary_needs_a_public_cap_for_larger_units():
         with pytest.raises(ConfigError, match="vocab.max_records_per_unit"):
             report_lib.vocab_relation(vocab, "patient", unit_key="SUBJECT_ID",
                                       max_records_per_unit=cap, observed_records_per_unit=7)
-    # Notes sharing a ROW_ID are one note unit of two vocabulary records.
+    # A note unit of two vocabulary records (defence in depth: duplicated ROW_IDs are refused
+    # or merged when the corpus is read, data_pipelines.identity).
     with pytest.raises(ConfigError, match="spans more documents"):
         report_lib.vocab_relation(vocab, "note", unit_key="document",
                                   observed_records_per_unit=2)
