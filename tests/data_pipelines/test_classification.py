@@ -199,3 +199,23 @@ def test_features_match_transformers_bert_tokenizer_on_rt(minilm_dir, shared_dat
     np.testing.assert_array_equal(ours["input_ids"], want["input_ids"])
     np.testing.assert_array_equal(ours["segment_ids"], want["token_type_ids"])
     np.testing.assert_array_equal(ours["input_mask"], want["attention_mask"])
+
+
+def test_eval_file_that_is_the_training_file(tmp_path, tok, caplog):
+    train = write(tmp_path / "train.tsv", "pos\tgood\nneg\tbad\npos\tgood movie\n")
+    copy = write(tmp_path / "copy.tsv", train.read_text())
+    link = tmp_path / "link.tsv"
+    link.symlink_to(train)
+    for same in (train, copy, link, tmp_path / "." / "train.tsv"):
+        with pytest.raises(clf.DataError, match=r"the evaluation file is the training file"):
+            clf.load_train_eval(train, same, tok)
+    # Rows of the eval file that are also in the training file: counted, a WARNING, no text.
+    caplog.set_level("WARNING")
+    part = write(tmp_path / "part.tsv", "neg\tbad\npos\t  good movie\npos\tthe film\n"
+                                        "neg\tgood movie\n")
+    data = clf.load_train_eval(train, part, tok)
+    assert data.eval_overlap == 3
+    (msg,) = [r.getMessage() for r in caplog.records if "verbatim" in r.getMessage()]
+    assert "3 of 4 evaluation rows (75.0 %)" in msg and "movie" not in msg
+    assert clf.load_train_eval(train, write(tmp_path / "new.tsv", "pos\tfilm\nneg\ta\n"),
+                               tok).eval_overlap == 0

@@ -199,3 +199,10 @@ def test_kfold_by_document():
         ner.kfold_documents(docs[:6], 5)
 
 
+
+
+def test_document_overlap_counts_documents_with_the_same_words(docs):
+    retagged = ner.Document("x", tuple(ner.Sentence(s.words, ("O",) * len(s.words))
+                                       for s in docs[1].sentences))
+    assert ner.document_overlap(docs[:4], [docs[0], retagged, docs[5]]) == 2
+    assert ner.document_overlap(docs[:4], docs[4:]) == 0
