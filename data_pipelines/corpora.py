@@ -489,7 +489,10 @@ def _log_and_check(stats: ReadStats, num_bad: int, num_total: int, unit: str,
     if stats.records_kept == 0:
         raise CorpusError(f"no usable record in {stats.path} ({stats.summary()})")
     if stats.skipped:
-        # WARNING, so skipped records are visible at the default absl verbosity.
-        logging.warning("%s", stats.summary())
+        # WARNING, so skipped records are visible at the default absl verbosity; with where
+        # the first unparseable one is (never its content).
+        where = (f"; the first unparseable one starts at {stats.first_bad()}"
+                 if stats.first_bad_line is not None else "")
+        logging.warning("%s%s", stats.summary(), where)
     else:
         logging.info("%s", stats.summary())

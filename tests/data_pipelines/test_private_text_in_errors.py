@@ -144,7 +144,8 @@ CASES = {
                        "line 1, column 1: a byte that is not valid UTF-8"),
     "text one bad line (warning)": (lambda t: list(corpora.read_text_documents(w(
         t, "c.txt", "".join(f"line {i}\n" for i in range(200)) + f"{M}\x00\n"))),
-        "not UTF-8 text (bad bytes or control characters)"),
+        "not UTF-8 text (bad bytes or control characters); the first unparseable one starts at "
+        "line 201, column 14: a NUL byte"),
     "text is NOTEEVENTS": (lambda t: list(corpora.read_text_documents(w(
         t, "c.csv", HEADER + "\n" + note(1, M)))), "line 1 is a MIMIC-III NOTEEVENTS header"),
     "text via dp_vocab": (lambda t: list(dp_vocab.iter_examples(w(
