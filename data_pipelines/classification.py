@@ -206,8 +206,9 @@ class LabelMap:
                 if self.declared:
                     known = f"the labels given are {describe_labels(self.names)}"
                 else:
-                    known = (f"no row of the training file{' ' + self.source if self.source else ''}"
-                             f" has it ({len(self.names)} labels)")
+                    source = f" {self.source}" if self.source else ""
+                    known = (f"no row of the training file{source} has it "
+                             f"({len(self.names)} labels)")
                 raise DataError(f"{path}:{r.line}:1: unknown label {describe_label(r.label)}; "
                                 f"{known}")
             out[j] = index[r.label]

@@ -13,12 +13,12 @@ bounded by the longest document, whatever the file size.
 Bad input is never dropped silently.  Rows that cannot be used (wrong field count,
 non-integer ids, an unknown ``ISERROR`` value, bytes that are not UTF-8 or control
 characters, empty notes, rows flagged ``ISERROR=1``) are skipped and counted in a
-:class:`ReadStats`; a summary is
-logged when the file ends.  When more than ``max_bad_fraction`` (default
-:data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of the rows (text corpora: lines) cannot be parsed
-(malformed, not UTF-8, control characters), the reader raises :class:`CorpusError` at the
-end of the file, naming the line (and, for bad bytes, the column) of the first bad row: one unterminated quote can swallow
-the rest of a CSV file, and training on what is left would be a silent wrong result.  A
+:class:`ReadStats`; a summary is logged when the file ends (with where the first bad row
+is).  When more than ``max_bad_fraction`` (default :data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of
+the rows (text corpora: lines) cannot be parsed (malformed, not UTF-8, control characters),
+the reader raises :class:`CorpusError` at the end of the file, naming the line (and, for bad
+bytes, the column) of the first bad row: one unterminated quote can swallow the rest of a
+CSV file, and training on what is left would be a silent wrong result.  A
 missing file, a directory, a file that is not gzip although its name ends in ``.gz``, a
 truncated or corrupt ``.gz``, a header that is not the ``NOTEEVENTS`` schema, a
 NOTEEVENTS CSV read as a text corpus, and a file with no usable record also raise
@@ -65,7 +65,6 @@ _MAX_FIELD_CHARS = 16 * 1024 * 1024
 
 # Largest share of unparseable rows (text corpora: lines) a reader accepts before it fails.
 DEFAULT_MAX_BAD_FRACTION = 0.01
-
 
 
 class CorpusError(ValueError):
