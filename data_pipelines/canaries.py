@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines import fileio, tokenization
+from data_pipelines import fileio, textcheck, tokenization
 from data_pipelines.documents import NO_SUBJECT
 from data_pipelines.instances import Instances, example_keys
 from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
@@ -318,27 +318,73 @@ def write_canary_file(path: str | os.PathLike, canaries: Sequence[Canary],
     fileio.atomic_write_text(path, json.dumps(record, indent=1))
 
 
+_CANARY_FIELDS = {f.name for f in dataclasses.fields(Canary)}
+_REQUIRED_CANARY_FIELDS = {f.name for f in dataclasses.fields(Canary)
+                           if f.default is dataclasses.MISSING
+                           and f.default_factory is dataclasses.MISSING}
+
+
 def load_canary_file(path: str | os.PathLike) -> tuple[list[Canary], dict[str, Any]]:
-    """Reads a canary file: (canaries, the whole record)."""
-    with open(path, encoding="utf-8") as f:
-        record = json.load(f)
-    if record.get("format_version") != CANARY_FILE_VERSION:
-        raise ValueError(f"{path}: unknown canary file version {record.get('format_version')}")
+    """Reads a canary file: (canaries, the whole record).
+
+    Read under the byte-level rules of every text reader (``textcheck``: gzip read, a UTF-8
+    byte-order mark skipped, bad UTF-8 and control characters refused with line and column).
+    Errors (``ValueError``) name the file, the JSON position or the canary's index, never a
+    value of the file (a canary's text is the audit's secret).
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: canary file not found")
+    with textcheck.open_text(path, ValueError, newline="\n") as f:
+        try:
+            text = f.read()
+        except textcheck.READ_ERRORS as e:
+            raise textcheck.read_error(path, 0, e, ValueError) from None
+    for number, line in enumerate(text.split("\n"), start=1):
+        problem = textcheck.line_problem(path, number, line)
+        if problem:
+            raise ValueError(problem)
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:   # its msg holds no content ("Expecting ',' delimiter")
+        raise ValueError(f"{path}:{e.lineno}:{e.colno}: not a canary file (JSON: "
+                         f"{e.msg})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a canary file (not a JSON object)")
+    version = record.get("format_version")
+    if version != CANARY_FILE_VERSION:
+        shown = version if isinstance(version, int) else textcheck.describe(str(version))
+        raise ValueError(f"{path}: unknown canary file version {shown} (expected "
+                         f"{CANARY_FILE_VERSION})")
+    if not isinstance(record.get("canaries"), list):
+        raise ValueError(f"{path}: not a canary file (no list 'canaries')")
     canaries = []
-    for c in record["canaries"]:
+    for k, c in enumerate(record["canaries"]):
+        where = f"{path}: canary #{k}"
+        if not isinstance(c, dict):
+            raise ValueError(f"{where}: not a JSON object")
         c = dict(c)
         c.pop("text", None)
+        missing = sorted(_REQUIRED_CANARY_FIELDS - set(c))
+        unknown = set(c) - _CANARY_FIELDS
+        if missing or unknown:
+            raise ValueError(f"{where}: " + "; ".join(
+                ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+                + ([f"{len(unknown)} unknown field(s)"] if unknown else [])))
         canary = Canary(**c)
         if canary.placement not in PLACEMENTS:
-            raise ValueError(f"{path}: canary {canary.canary_id}: placement "
-                             f"{canary.placement!r} is not one of {PLACEMENTS}")
-        if canary.repetitions < 0:
-            raise ValueError(f"{path}: canary {canary.canary_id}: repetitions "
-                             f"{canary.repetitions} < 0")
-        if not (len(canary.tokens) == len(canary.token_ids)
-                and 0 <= canary.secret_position < len(canary.token_ids)
-                and canary.token_ids[canary.secret_position] == canary.secret_id):
-            raise ValueError(f"{path}: canary {canary.canary_id}: tokens, token_ids, "
-                             f"secret_position and secret_id disagree")
+            raise ValueError(f"{where}: placement ({textcheck.describe(str(canary.placement))})"
+                             f" is not one of {PLACEMENTS}")
+        if not isinstance(canary.repetitions, int) or canary.repetitions < 0:
+            raise ValueError(f"{where}: repetitions must be an integer >= 0")
+        try:
+            consistent = (len(canary.tokens) == len(canary.token_ids)
+                          and 0 <= canary.secret_position < len(canary.token_ids)
+                          and canary.token_ids[canary.secret_position] == canary.secret_id)
+        except TypeError:
+            consistent = False
+        if not consistent:
+            raise ValueError(f"{where}: tokens, token_ids, secret_position and secret_id "
+                             "disagree")
         canaries.append(canary)
     return canaries, record

@@ -5,7 +5,10 @@
     data.train["input_ids"]    # int32 [N, 128]; data.labels.names: class id -> label
 
 A first line whose first column is "label" is a header (skipped), as in
-../shared/data/sentiment/*.tsv.
+../shared/data/sentiment/*.tsv. Files are read under the byte-level rules of every text reader
+(`data_pipelines.textcheck`): gzip is read (by its magic bytes), a UTF-8 byte-order mark is
+skipped and said, bytes that are not UTF-8 and control characters other than tab and CR are
+refused with their line and column.
 
 Features (one row per example, in file order), BERT's layout:
 
@@ -25,8 +28,17 @@ Tokenization is `data_pipelines.tokenization.WordPieceTokenizer` (HF `tokenizers
 `BertTokenizerFast`); `tokenizer_for_checkpoint` reads the folder's vocab.txt and its
 `do_lower_case`, and refuses a vocabulary that does not belong to the checkpoint.
 
-Errors are `DataError`s naming the file and the LINE NUMBER; they never quote the text of a line
-(it may be private). Label values are shown only when they look like labels (short, no spaces).
+Errors are `DataError`s naming the file, the LINE NUMBER and the column; they never quote a
+value of the file, the label included (a rare label can identify a row): a bad label is
+described by its length and classes of characters (`textcheck.describe`), a missing one by the
+first training row that has it. Labels given by the caller (`labels=`, data.labels in a
+config) are public and shown. The training file's label SET is part of what a fine-tuned model
+releases (its config.json's id2label, the model card); the task prints it once when the data
+loaded (`dpbert.tasks.classification`), never in an error.
+
+The evaluation file must not be the training file (the same path, a link to it, or a
+byte-identical copy: refused); evaluation rows whose text also occurs in the training file are
+counted and a WARNING gives the count (no text).
 """
 
 from __future__ import annotations
@@ -38,8 +50,9 @@ import pathlib
 from typing import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
-from data_pipelines import tokenization
+from data_pipelines import textcheck, tokenization
 
 
 class DataError(ValueError):
@@ -58,18 +71,18 @@ class TsvRow:
 
 
 def describe_label(label: str) -> str:
-    """A label for an error message: itself when it looks like a label, else only its length
-    (a misplaced text column must not end up in a log)."""
-    if len(label) <= 32 and not any(c.isspace() for c in label):
-        return repr(label)
-    return f"(a {len(label)}-character value, not shown)"
+    """A label (or tag) read from a data file, for a message: its length and classes of
+    characters in parentheses, never the value (a misplaced text column, a name in the tag
+    column, a rare label must not end up in a log)."""
+    return f"({textcheck.describe(label)})"
 
 
 def describe_labels(labels: Iterable[str]) -> str:
+    """Labels that are public (given by the caller or the config), for a message."""
     labels = list(labels)
     if len(labels) <= 20:
-        return "[" + ", ".join(describe_label(x) for x in labels) + "]"
-    return f"{len(labels)} distinct values (not shown; is the label the first column?)"
+        return "[" + ", ".join(repr(x) for x in labels) + "]"
+    return f"{len(labels)} labels"
 
 
 HEADER_LABEL = "label"
@@ -80,9 +93,10 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
 
     Blank lines are skipped. `header`: whether the first line names the columns; None (the
     default) = yes when its first column is "label" (as in ../shared/data/sentiment/*.tsv).
-    Raises `DataError` (file and line number) for a missing or empty file, undecodable bytes, a
-    line with another number of columns than 2 or 3 or than the file's first line, and an empty
-    label or text.
+    gzip data is decompressed and a UTF-8 byte-order mark skipped (`textcheck`). Raises
+    `DataError` (file, line and column) for a missing or empty file, bytes that are not UTF-8,
+    a control character other than tab and CR, a line with another number of columns than 2 or
+    3 or than the file's first line, and an empty label or text.
     """
     path = pathlib.Path(path)
     if not path.is_file():
@@ -90,13 +104,20 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
     rows: list[TsvRow] = []
     columns = None
     first = True
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
+    number = 0
+    with textcheck.open_text(path, DataError, newline="\n") as f:
+        while True:
             try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise DataError(f"{path}:{number}: not valid UTF-8") from None
+                line = next(f)
+            except StopIteration:
+                break
+            except textcheck.READ_ERRORS as e:
+                raise textcheck.read_error(str(path), number, e, DataError) from None
+            number += 1
             line = line.rstrip("\r\n")
+            problem = textcheck.line_problem(path, number, line)
+            if problem:
+                raise DataError(problem)
             if not line.strip():
                 continue
             fields = line.split("\t")
@@ -127,6 +148,24 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
     return rows
 
 
+def check_eval_file(train_path: str | os.PathLike, eval_path: str | os.PathLike) -> None:
+    """Refuses an evaluation file that is the training file: the same path, a link to it, or
+    a byte-identical copy (metrics on training rows are not held-out metrics)."""
+    if os.path.isfile(train_path) and os.path.isfile(eval_path) and textcheck.same_file(
+            train_path, eval_path):
+        raise DataError(
+            f"{eval_path}: the evaluation file is the training file {train_path} (the same "
+            "file, or a byte-identical copy): metrics on the rows a model was trained on are "
+            "not held-out metrics; give a separate evaluation file")
+
+
+def eval_overlap(train_rows: Sequence[TsvRow], eval_rows: Sequence[TsvRow]) -> int:
+    """How many evaluation rows have a text (pair) that also occurs verbatim in the training
+    rows (surrounding whitespace ignored; the label is not compared)."""
+    seen = {(r.text_a.strip(), (r.text_b or "").strip()) for r in train_rows}
+    return sum((r.text_a.strip(), (r.text_b or "").strip()) in seen for r in eval_rows)
+
+
 # ----------------------------------------------------------------------------- labels
 
 
@@ -139,38 +178,60 @@ def _label_sort_key(label: str):
 
 @dataclasses.dataclass(frozen=True)
 class LabelMap:
-    """Label names, index = class id (numeric labels in numeric order, then the rest sorted)."""
+    """Label names, index = class id (numeric labels in numeric order, then the rest sorted).
+
+    declared: the names were given (labels=, data.labels), so messages may show them; names
+      read from a training file (`from_rows`, `source` = that file) are never shown in a message.
+    """
 
     names: tuple[str, ...]
+    declared: bool = False
+    source: str = ""
 
     @classmethod
-    def from_rows(cls, rows: Sequence[TsvRow]) -> "LabelMap":
-        return cls(tuple(sorted({r.label for r in rows}, key=_label_sort_key)))
+    def from_rows(cls, rows: Sequence[TsvRow], source: str | os.PathLike = "") -> "LabelMap":
+        return cls(tuple(sorted({r.label for r in rows}, key=_label_sort_key)),
+                   source=os.fspath(source))
 
     def __len__(self) -> int:
         return len(self.names)
 
     def ids(self, rows: Sequence[TsvRow], path: str | os.PathLike) -> np.ndarray:
-        """int32 [N] class ids; an unknown label is a `DataError` naming the line."""
+        """int32 [N] class ids; an unknown label is a `DataError` naming the line (never the
+        label: its length and classes of characters)."""
         index = {n: i for i, n in enumerate(self.names)}
         out = np.empty(len(rows), np.int32)
         for j, r in enumerate(rows):
             if r.label not in index:
-                raise DataError(f"{path}:{r.line}: unknown label {describe_label(r.label)}; the "
-                                f"labels are {describe_labels(self.names)}")
+                if self.declared:
+                    known = f"the labels given are {describe_labels(self.names)}"
+                else:
+                    source = f" {self.source}" if self.source else ""
+                    known = (f"no row of the training file{source} has it "
+                             f"({len(self.names)} labels)")
+                raise DataError(f"{path}:{r.line}:1: unknown label {describe_label(r.label)}; "
+                                f"{known}")
             out[j] = index[r.label]
         return out
 
 
-def check_label_sets(train: LabelMap, eval_rows: Sequence[TsvRow], train_path, eval_path
-                     ) -> None:
-    """The eval file must use exactly the training labels (else accuracy means something else)."""
+def check_label_sets(train: LabelMap, eval_rows: Sequence[TsvRow], train_path, eval_path,
+                     train_rows: Sequence[TsvRow] = ()) -> None:
+    """The eval file must use exactly the training labels (else accuracy means something else).
+    A missing label is shown when it was given (`train.declared`), else named by the first
+    training row that has it."""
     train.ids(eval_rows, eval_path)   # an eval label unknown to training: names its line
-    missing = [n for n in train.names if n not in {r.label for r in eval_rows}]
-    if missing:
-        raise DataError(
-            f"the label sets differ: {train_path} has {describe_labels(train.names)} but "
-            f"{eval_path} lacks {describe_labels(missing)}")
+    present = {r.label for r in eval_rows}
+    missing = [n for n in train.names if n not in present]
+    if not missing:
+        return
+    if train.declared:
+        raise DataError(f"the label sets differ: {eval_path} has no row with the given "
+                        f"label(s) {describe_labels(missing)}")
+    first = next((r.line for r in train_rows if r.label in set(missing)), None)
+    where = f" (the first training row with one: {train_path}:{first}:1)" if first else ""
+    raise DataError(f"the label sets differ: {eval_path} has no row with {len(missing)} of the "
+                    f"{len(train.names)} labels of {train_path}{where}")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -293,6 +354,7 @@ class ClassificationData:
     eval: dict[str, np.ndarray]
     labels: LabelMap
     sentence_pair: bool
+    eval_overlap: int = 0   # eval rows whose text is also in the training file
 
 
 def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
@@ -303,26 +365,37 @@ def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
 
     `labels` fixes the label order (class ids); by default the training file's labels, numeric
     ones in numeric order. The eval file must use the same label set and the same layout
-    (single sentence or pair) as the training file. `header`: see `read_tsv`.
+    (single sentence or pair) as the training file, and must not be the training file
+    (`check_eval_file`); eval rows whose text is also in the training file are counted
+    (`eval_overlap`, a WARNING). `header`: see `read_tsv`.
     """
+    check_eval_file(train_path, eval_path)
     train_rows = read_tsv(train_path, header=header)
     eval_rows = read_tsv(eval_path, header=header)
     if labels is not None:
-        label_map = LabelMap(tuple(str(x) for x in labels))
+        label_map = LabelMap(tuple(str(x) for x in labels), declared=True)
         if len(set(label_map.names)) != len(label_map):
             raise DataError(f"labels {describe_labels(label_map.names)} has duplicates")
         label_map.ids(train_rows, train_path)
     else:
-        label_map = LabelMap.from_rows(train_rows)
+        label_map = LabelMap.from_rows(train_rows, train_path)
     if len(label_map) < 2:
-        raise DataError(f"{train_path}: only one label {describe_labels(label_map.names)}; "
-                        "classification needs at least two")
-    check_label_sets(label_map, eval_rows, train_path, eval_path)
+        shown = (describe_labels(label_map.names) if label_map.declared else
+                 f"(every row's is {textcheck.describe(label_map.names[0])})")
+        raise DataError(f"{train_path}: only one label {shown}; classification needs at "
+                        "least two")
+    check_label_sets(label_map, eval_rows, train_path, eval_path, train_rows)
     pair = train_rows[0].text_b is not None
     if (eval_rows[0].text_b is not None) != pair:
         raise DataError(f"{eval_path}: {'pairs' if not pair else 'single sentences'} but "
                         f"{train_path} has {'pairs' if pair else 'single sentences'}")
+    overlap = eval_overlap(train_rows, eval_rows)
+    if overlap:
+        logging.warning(
+            "%s: %d of %d evaluation rows (%.1f %%) have a text that also occurs verbatim in "
+            "the training file %s; the evaluation metrics are not fully held-out",
+            eval_path, overlap, len(eval_rows), 100.0 * overlap / len(eval_rows), train_path)
     return ClassificationData(
         train=build_features(train_rows, tokenizer, label_map, train_path, max_seq_len),
         eval=build_features(eval_rows, tokenizer, label_map, eval_path, max_seq_len),
-        labels=label_map, sentence_pair=pair)
+        labels=label_map, sentence_pair=pair, eval_overlap=overlap)

@@ -11,13 +11,14 @@ bounded by the longest document, whatever the file size.
   ``HADM_ID`` so that the privacy unit can later be the patient.
 
 Bad input is never dropped silently.  Rows that cannot be used (wrong field count,
-non-integer ids, an unknown ``ISERROR`` value, bytes that are not UTF-8, empty notes,
-rows flagged ``ISERROR=1``) are skipped and counted in a :class:`ReadStats`; a summary is
-logged when the file ends.  When more than ``max_bad_fraction`` (default
-:data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of the rows (text corpora: lines) cannot be parsed
-(malformed, not UTF-8, binary), the reader raises :class:`CorpusError` at the end of the
-file, naming the line where the first bad row starts: one unterminated quote can swallow
-the rest of a CSV file, and training on what is left would be a silent wrong result.  A
+non-integer ids, an unknown ``ISERROR`` value, bytes that are not UTF-8 or control
+characters, empty notes, rows flagged ``ISERROR=1``) are skipped and counted in a
+:class:`ReadStats`; a summary is logged when the file ends (with where the first bad row
+is).  When more than ``max_bad_fraction`` (default :data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of
+the rows (text corpora: lines) cannot be parsed (malformed, not UTF-8, control characters),
+the reader raises :class:`CorpusError` at the end of the file, naming the line (and, for bad
+bytes, the column) of the first bad row: one unterminated quote can swallow the rest of a
+CSV file, and training on what is left would be a silent wrong result.  A
 missing file, a directory, a file that is not gzip although its name ends in ``.gz``, a
 truncated or corrupt ``.gz``, a header that is not the ``NOTEEVENTS`` schema, a
 NOTEEVENTS CSV read as a text corpus, and a file with no usable record also raise
@@ -26,24 +27,27 @@ NOTEEVENTS CSV read as a text corpus, and a file with no usable record also rais
 Error messages never quote the file's content (it is private text): they name the file,
 columns, line numbers and counts only.
 
-Undecodable bytes are detected without giving up streaming: the file is decoded with
-``errors="surrogateescape"``, which maps every invalid byte to a lone surrogate
-(U+DC80..U+DCFF) that valid UTF-8 can never produce, and the record containing such a
-character is skipped and counted.
+The byte-level rules are those of every text reader (``data_pipelines.textcheck``): gzip is
+read by its magic bytes (a ``.gz`` name that is not gzip is refused), UTF-16 is refused, a
+UTF-8 byte-order mark at the start is skipped and said once, and a line (text) or row
+(NOTEEVENTS) holding bytes that are not UTF-8 or a control character other than tab, newline
+and CR is skipped and counted, its position remembered.  Undecodable bytes are detected
+without giving up streaming: the file is decoded with ``errors="surrogateescape"``, which maps
+every invalid byte to a lone surrogate (U+DC80..U+DCFF) that valid UTF-8 can never produce.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import gzip
-import io
 import os
 import re
 import zlib
 from typing import IO, Iterator
 
 from absl import logging
+
+from data_pipelines import textcheck
 
 # The MIMIC-III NOTEEVENTS schema, in the file's column order.
 NOTEEVENTS_COLUMNS: tuple[str, ...] = (
@@ -61,8 +65,6 @@ _MAX_FIELD_CHARS = 16 * 1024 * 1024
 
 # Largest share of unparseable rows (text corpora: lines) a reader accepts before it fails.
 DEFAULT_MAX_BAD_FRACTION = 0.01
-
-_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class CorpusError(ValueError):
@@ -103,10 +105,12 @@ class ReadStats:
       skipped_empty: notes whose text is only whitespace; for text corpora, documents
         left with no sentence.
       skipped_bad_utf8: NOTEEVENTS rows, or text-corpus lines, with bytes that are not
-        UTF-8 (or, in text corpora, NUL bytes: binary data).
+        UTF-8 or a control character (NUL included; tab, newline and CR are text).
       lines_read: text corpora only: non-blank lines seen.
       first_bad_line: line (1-based, of the decompressed file) where the first
         unparseable row or line starts; None if there is none.
+      first_bad_column: the column (1-based, in characters) of the first refused
+        character when that is why the row was rejected, else None.
       first_bad_reason: why that row was rejected (never its content), with the record
         number for NOTEEVENTS rows.
     """
@@ -121,15 +125,21 @@ class ReadStats:
     lines_read: int = 0
     first_bad_line: int | None = None
     first_bad_reason: str = ""
+    first_bad_column: int | None = None
 
-    def bad(self, line: int, reason: str) -> None:
-        """Remembers the first unparseable row (its line and reason, not its content)."""
+    def bad(self, line: int, reason: str, column: int | None = None) -> None:
+        """Remembers the first unparseable row (its line, column and reason, not its
+        content)."""
         if self.first_bad_line is None:
             self.first_bad_line, self.first_bad_reason = line, reason
+            self.first_bad_column = column
 
     def first_bad(self) -> str:
         """Where the first unparseable row starts and why (no content)."""
-        return f"line {self.first_bad_line}: {self.first_bad_reason}"
+        where = f"line {self.first_bad_line}"
+        if self.first_bad_column is not None:
+            where += f", column {self.first_bad_column}"
+        return f"{where}: {self.first_bad_reason}"
 
     @property
     def skipped(self) -> int:
@@ -141,61 +151,34 @@ class ReadStats:
         """One human-readable line with every counter."""
         return (f"{self.path}: read {self.records_read} records, kept {self.records_kept}; "
                 f"skipped {self.skipped_iserror} ISERROR=1, {self.skipped_malformed} malformed, "
-                f"{self.skipped_empty} empty, {self.skipped_bad_utf8} not UTF-8")
+                f"{self.skipped_empty} empty, {self.skipped_bad_utf8} not UTF-8 text (bad bytes "
+                f"or control characters)")
 
 
 def open_text(path: str | os.PathLike[str]) -> IO[str]:
-    """Opens a UTF-8 text file for streaming, decompressing ``*.gz`` on the fly.
+    """Opens a UTF-8 text file for streaming, decompressing gzip data on the fly.
 
-    Invalid bytes become lone surrogates (``errors="surrogateescape"``) so the caller can
-    count and skip the records that hold them; ``newline=""`` keeps ``\\r\\n`` inside
-    quoted CSV fields intact, as the csv module requires.
-
-    A file whose name ends in ``.gz`` must be gzip data; gzip data under another name
-    is decompressed too (recognised by its magic bytes).
+    The byte-level rules of ``data_pipelines.textcheck``: gzip data is recognised by its magic
+    bytes (a file named ``*.gz`` must be gzip data), UTF-16 is refused, a UTF-8 byte-order mark
+    at the start is skipped (and said once). Invalid bytes become lone surrogates
+    (``errors="surrogateescape"``) so the caller can count and skip the records that hold them;
+    ``newline=""`` keeps ``\\r\\n`` inside quoted CSV fields intact, as the csv module requires.
 
     Raises:
-      CorpusError: the file does not exist, is a directory, cannot be opened, or is
-        named ``*.gz`` without being gzip data.
+      CorpusError: the file does not exist, is a directory, cannot be opened, is named
+        ``*.gz`` without being gzip data, or is UTF-16.
     """
     path = os.fspath(path)
     if os.path.isdir(path):
         raise CorpusError(f"{path}: is a directory; expected a corpus file")
     if not os.path.isfile(path):
         raise CorpusError(f"corpus file not found: {path!r}")
-    try:
-        raw: IO[bytes] = open(path, "rb")
-    except OSError as e:
-        raise CorpusError(f"{path}: cannot open ({e.strerror or e})") from None
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == _GZIP_MAGIC:
-        raw = gzip.GzipFile(fileobj=raw, mode="rb")
-        try:
-            magic = raw.peek(2)[:2]
-        except (OSError, EOFError, zlib.error) as e:
-            raw.close()
-            raise _read_error(path, 0, e) from None
-    elif path.endswith(".gz"):
-        raw.close()
-        raise CorpusError(f"{path}: not gzip data although the name ends in .gz "
-                          "(rename it without .gz if it is plain text)")
-    if magic in (b"\xff\xfe", b"\xfe\xff"):
-        raw.close()
-        raise CorpusError(f"{path}: UTF-16 text (a byte-order mark); corpora must be UTF-8 "
-                          "(convert it, e.g. iconv -f UTF-16 -t UTF-8)")
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="surrogateescape", newline="")
+    return textcheck.open_text(path, CorpusError, newline="")
 
 
 def _read_error(path: str, line: int, e: BaseException) -> CorpusError:
     """A CorpusError for a decompression or I/O failure after ``line`` lines."""
-    if isinstance(e, EOFError):
-        what = "the gzip data ends early (a truncated or partly copied file)"
-    elif isinstance(e, (zlib.error, gzip.BadGzipFile)):
-        what = "corrupt gzip data"
-    else:
-        what = f"read error ({getattr(e, 'strerror', None) or type(e).__name__})"
-    return CorpusError(f"{path}: {what} after line {line}; nothing of this file was used")
+    return textcheck.read_error(path, line, e, CorpusError)
 
 
 def has_bad_bytes(text: str) -> bool:
@@ -210,10 +193,10 @@ def read_text_documents(path: str | os.PathLike[str],
     """Streams documents from a BERT pretraining text file.
 
     Format: one sentence per line, a blank (whitespace-only) line between documents;
-    ``.gz`` is decompressed.  Sentences are stripped of surrounding whitespace.  A line
-    with bytes that are not UTF-8 (or NUL bytes) is dropped and counted in
-    ``stats.skipped_bad_utf8``; a document left without any sentence is counted in
-    ``stats.skipped_empty``.
+    gzip is decompressed.  Sentences are stripped of surrounding whitespace.  A line with
+    bytes that are not UTF-8 or a control character (NUL included; tab and CR are text) is
+    dropped and counted in ``stats.skipped_bad_utf8`` (the first one's line and column are
+    remembered); a document left without any sentence is counted in ``stats.skipped_empty``.
 
     Args:
       path: the corpus file.
@@ -250,24 +233,48 @@ def read_text_documents(path: str | os.PathLike[str],
                     "expects plain text (one sentence per line, blank line between "
                     "documents). Read it as format/corpus 'noteevents' (one note = one "
                     "example)")
+            bad = textcheck.bad_char(line)
             line = line.strip()
-            if not line:
+            if not line and bad is None:
                 if saw_lines:
                     yield from _finish_document(doc, stats)
                 doc, saw_lines = [], False
                 continue
             saw_lines = True
             stats.lines_read += 1
-            if has_bad_bytes(line) or "\x00" in line:
+            if bad is not None:
                 stats.skipped_bad_utf8 += 1
-                stats.bad(line_no, "bytes that are not UTF-8 text" if has_bad_bytes(line)
-                          else "NUL bytes (binary data)")
+                stats.bad(line_no, bad[1], column=bad[0] + 1)
                 continue
             doc.append(line)
         if saw_lines:
             yield from _finish_document(doc, stats)
     _log_and_check(stats, stats.skipped_bad_utf8, stats.lines_read, "lines",
                    max_bad_fraction)
+
+
+class _ScannedLines:
+    """The lines of a file, for csv.reader, remembering the first refused character (a byte
+    that is not UTF-8, a control character) since the last :meth:`take`, with its line and
+    column: csv.reader reads exactly the lines of one record per row, so after each row
+    ``take()`` says whether that row held one."""
+
+    def __init__(self, lines):
+        self._lines = lines
+        self.line = 0
+        self._first: tuple[int, int, str] | None = None
+
+    def __iter__(self):
+        for text in self._lines:
+            self.line += 1
+            if self._first is None and textcheck.has_bad_char(text):
+                index, what = textcheck.bad_char(text)
+                self._first = (self.line, index + 1, what)
+            yield text
+
+    def take(self) -> tuple[int, int, str] | None:
+        first, self._first = self._first, None
+        return first
 
 
 def looks_like_noteevents_header(line: str) -> bool:
@@ -327,7 +334,8 @@ def read_noteevents(path: str | os.PathLike[str],
     Columns are found by name in the header (any order; extra columns are allowed).
     Rows with ``ISERROR=1`` are skipped (MIMIC marks them as erroneous notes); rows with
     a wrong field count, a non-integer ``ROW_ID``/``SUBJECT_ID``/``HADM_ID`` (``HADM_ID``
-    may be empty), an ``ISERROR`` other than empty/0/1, bytes that are not UTF-8, or an
+    may be empty), an ``ISERROR`` other than empty/0/1, bytes that are not UTF-8 or a
+    control character (NUL included, in any field; tab, newline and CR are text), or an
     empty ``TEXT`` are skipped and counted in ``stats``; one summary line is logged at
     the end.
 
@@ -357,7 +365,8 @@ def read_noteevents(path: str | os.PathLike[str],
     with open_text(path) as f:
         # strict: a quote left open at the end of the file is an error (counted as a
         # malformed row) instead of a silently accepted note.
-        reader = csv.reader(f, strict=True)
+        scanned = _ScannedLines(f)
+        reader = csv.reader(scanned, strict=True)
         try:
             header = next(reader, None)
         except csv.Error as e:
@@ -367,6 +376,7 @@ def read_noteevents(path: str | os.PathLike[str],
             raise _read_error(path_str, 0, e) from None
         col = _check_header(header, path_str)
         num_fields = len(header)
+        scanned.take()  # the header's (its names were checked)
         while True:
             start = reader.line_num + 1  # the line where the next record starts
             try:
@@ -380,12 +390,19 @@ def read_noteevents(path: str | os.PathLike[str],
                 stats.skipped_malformed += 1
                 stats.bad(start, f"data row {stats.records_read}, CSV error: "
                                  f"{_csv_reason(e)}")
+                scanned.take()
                 continue
             except (OSError, EOFError, zlib.error) as e:
                 raise _read_error(path_str, reader.line_num, e) from None
+            refused = scanned.take()
             if not row:
                 continue  # blank line between records: not a record
             stats.records_read += 1
+            if refused is not None and len(row) == num_fields:
+                line, column, what = refused
+                stats.skipped_bad_utf8 += 1
+                stats.bad(line, f"data row {stats.records_read}, {what}", column=column)
+                continue
             note = _parse_row(row, col, num_fields, stats,
                               lambda why: stats.bad(start, f"data row {stats.records_read}, "
                                                            f"{why}"))
@@ -420,9 +437,9 @@ def _parse_row(row: list[str], col: dict[str, int], num_fields: int,
         stats.skipped_malformed += 1
         bad(f"{len(row)} fields, the header has {num_fields}")
         return None
-    if any(has_bad_bytes(field) for field in row):
+    if any(textcheck.has_bad_char(field) for field in row):
         stats.skipped_bad_utf8 += 1
-        bad("bytes that are not UTF-8")
+        bad("bytes that are not UTF-8 or a control character")
         return None
     iserror = row[col["ISERROR"]].strip()
     if iserror not in ("", "0", "1"):
@@ -471,7 +488,10 @@ def _log_and_check(stats: ReadStats, num_bad: int, num_total: int, unit: str,
     if stats.records_kept == 0:
         raise CorpusError(f"no usable record in {stats.path} ({stats.summary()})")
     if stats.skipped:
-        # WARNING, so skipped records are visible at the default absl verbosity.
-        logging.warning("%s", stats.summary())
+        # WARNING, so skipped records are visible at the default absl verbosity; with where
+        # the first unparseable one is (never its content).
+        where = (f"; the first unparseable one starts at {stats.first_bad()}"
+                 if stats.first_bad_line is not None else "")
+        logging.warning("%s%s", stats.summary(), where)
     else:
         logging.info("%s", stats.summary())

@@ -26,7 +26,13 @@ note i does not depend on how many notes are made.
 `read_conll`: one `token<space or TAB>...<TAB>tag` per line (the first column is the word, the
 last the tag, so CoNLL-2003's 4-column layout reads too), a blank line between sentences, and
 `-DOCSTART-` lines between documents (a file without them is one document). Tags must be `O`
-or `<B|I|E|S>-<type>`. Errors name the file and line, never the word (it may be private).
+or `<B|I|E|S>-<type>`. Files are read under the byte-level rules of every text reader
+(`data_pipelines.textcheck`: gzip read, a UTF-8 byte-order mark skipped and said, bytes that
+are not UTF-8 and control characters other than tab and CR refused with line and column).
+Errors name the file, line and column, never a word or a tag read from the file (a name in the
+tag column, a word of a note given as CoNLL): a bad tag is described by its length and classes
+of characters. A tag set given by the caller (`tags=`, data.labels) is public and shown.
+`document_overlap` counts evaluation documents whose words also make a training document.
 
 ## Examples
 
@@ -54,8 +60,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from data_pipelines import synthetic_notes, synthetic_tables, tokenization
-from data_pipelines.classification import DataError, describe_label
+from data_pipelines import synthetic_notes, synthetic_tables, textcheck, tokenization
+from data_pipelines.classification import DataError, describe_label, describe_labels
 from dpbert import ner_metrics
 
 TYPES = ("problem", "test", "treatment")
@@ -237,8 +243,13 @@ def entity_counts(documents: Iterable[Document]) -> dict[str, int]:
 
 
 def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-               tags: Sequence[str] | None = None) -> list[Document]:
-    """Documents of CoNLL-style BIO files (module docstring); `tags`: the allowed tag set."""
+               tags: Sequence[str] | None = None, tags_from: str = "") -> list[Document]:
+    """Documents of CoNLL-style BIO files (module docstring).
+
+    tags: the allowed tag set. When it was given by the user (data.labels) it is shown in the
+      message for a tag outside it; `tags_from` names instead where a set read from data comes
+      from (e.g. "the training documents of train.conll"): that set is then not shown.
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     allowed = None if tags is None else set(tags)
@@ -258,12 +269,20 @@ def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
                 words.clear()
                 labels.clear()
 
-        with path.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
+        number = 0
+        with textcheck.open_text(path, DataError, newline="\n") as f:
+            while True:
                 try:
-                    line = raw.decode("utf-8").rstrip("\r\n")
-                except UnicodeDecodeError:
-                    raise DataError(f"{path}:{number}: not valid UTF-8") from None
+                    line = next(f)
+                except StopIteration:
+                    break
+                except textcheck.READ_ERRORS as e:
+                    raise textcheck.read_error(str(path), number, e, DataError) from None
+                number += 1
+                line = line.rstrip("\r\n")
+                problem = textcheck.line_problem(path, number, line)
+                if problem:
+                    raise DataError(problem)
                 fields = line.split()
                 if not fields:
                     end_sentence()
@@ -279,14 +298,16 @@ def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
                     raise DataError(f"{path}:{number}: expected 'token<space or TAB>tag', found "
                                     "one column")
                 tag = fields[-1]
+                at = f"{path}:{number}:{len(line.rstrip()) - len(tag) + 1}"
                 try:
                     ner_metrics.split_tag(tag)
                 except ValueError:
-                    raise DataError(f"{path}:{number}: tag {describe_label(tag)} is not 'O' or "
-                                    "'<B|I|E|S>-<type>'") from None
+                    raise DataError(f"{at}: tag {describe_label(tag)} is not 'O' or "
+                                    "'<B|I|E|S>-<type>' (is the tag the last column?)") from None
                 if allowed is not None and tag not in allowed:
-                    raise DataError(f"{path}:{number}: tag {describe_label(tag)} is not in the "
-                                    f"tag set {sorted(allowed)}")
+                    where = (f"does not occur in {tags_from}" if tags_from else
+                             f"is not in the tag set {describe_labels(sorted(allowed))}")
+                    raise DataError(f"{at}: tag {describe_label(tag)} {where}")
                 words.append(fields[0])
                 labels.append(tag)
         end_sentence()
@@ -298,6 +319,13 @@ def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
             doc_id = f"{path.name}#{k}" if saw_docstart else path.name
             docs.append(Document(doc_id, tuple(sentences)))
     return docs
+
+
+def document_overlap(train: Sequence[Document], test: Sequence[Document]) -> int:
+    """How many `test` documents have exactly the words (sentence by sentence) of a `train`
+    document (tags not compared)."""
+    seen = {tuple(s.words for s in d.sentences) for d in train}
+    return sum(tuple(s.words for s in d.sentences) in seen for d in test)
 
 
 def write_conll(path: str | os.PathLike, documents: Iterable[Document]) -> int:
@@ -436,7 +464,8 @@ def encode_documents(documents: Sequence[Document], tokenizer: tokenization.Word
             for w, t in zip(s.words, s.tags):
                 if t not in tag_id:
                     raise DataError(f"document {d.doc_id}, sentence {j + 1}: tag "
-                                    f"{describe_label(t)} is not in the tag set {list(tags)}")
+                                    f"{describe_label(t)} is not one of the "
+                                    f"{len(tag_id)} tags of the task")
                 p = pieces[w]
                 ids += p
                 labels += [tag_id[t]] + [IGNORE_LABEL] * (len(p) - 1)

@@ -15,7 +15,11 @@ Everything here runs WITHOUT TensorFlow: TFDS 4.9.10 builds a ``GeneratorBasedBu
   (``mimic_noteevents``, ``wikipedia/20230601.en``, a BookCorpus prepared as TFDS, ...). Either
   one example = one document (split into sentences), or one example = one sentence with
   ``sentences_per_document`` consecutive sentences grouped into a document (BookCorpus copies
-  that come as sentences).
+  that come as sentences). Text features follow the byte-level rules of every text reader
+  (``data_pipelines.textcheck``): a leading UTF-8 byte-order mark is dropped (and counted), a
+  record whose text holds bytes that are not UTF-8 or a control character (other than tab,
+  newline, CR) is skipped and counted, and more than ``max_bad_fraction`` of them is an error
+  naming the first one's record, line and column (never its text).
 
 CLI: ``python -m data_pipelines.tfds_data --noteevents=/path/NOTEEVENTS.csv.gz
 --data_dir=~/tensorflow_datasets``.
@@ -30,9 +34,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging
 from tensorflow_datasets.core import utils as tfds_utils
 
-from data_pipelines import documents, identity, sentences
+from data_pipelines import corpora, documents, identity, sentences, textcheck
 
 NOTEEVENTS_NAME = "mimic_noteevents"
 _NOTEEVENTS_FILES = ("NOTEEVENTS.csv.gz", "NOTEEVENTS.csv")
@@ -166,7 +171,56 @@ def load_data_source(name: str, *, split: str = "train", data_dir: str | None = 
 
 
 def _text(value) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    """A text feature as str; bytes that are not UTF-8 become lone surrogates that
+    ``textcheck.bad_char`` finds (never silently replaced)."""
+    return (value.decode("utf-8", errors="surrogateescape") if isinstance(value, bytes)
+            else str(value))
+
+
+class _RecordCheck:
+    """The byte-level rules on the text of TFDS records: counts, the first bad one's position,
+    and the end-of-read verdict (as ``corpora``'s readers: skip and count, refuse above
+    ``max_bad_fraction``)."""
+
+    def __init__(self, name: str, split: str, max_bad_fraction: float):
+        corpora._check_fraction(max_bad_fraction)
+        self.where = f"TFDS dataset {name!r} split {split!r}"
+        self.max_bad_fraction = max_bad_fraction
+        self.read = self.bad = self.boms = 0
+        self.first = ""
+
+    def text(self, index: int, value) -> str | None:
+        """The record's text, or None (counted) when it breaks the rules."""
+        text = _text(value)
+        self.read += 1
+        if text.startswith("\ufeff"):
+            text = text[1:]
+            self.boms += 1
+        bad = textcheck.bad_char(text)
+        if bad is None:
+            return text
+        self.bad += 1
+        if not self.first:
+            at = bad[0]
+            line = text.count("\n", 0, at) + 1
+            column = at - (text.rfind("\n", 0, at) + 1) + 1
+            self.first = f"record {index}, line {line}, column {column}: {bad[1]}"
+        return None
+
+    def finish(self) -> None:
+        if self.boms:
+            logging.warning("%s: dropped the UTF-8 byte-order mark at the start of %d "
+                            "record(s)", self.where, self.boms)
+        if not self.bad:
+            return
+        share = f"{self.bad} of {self.read} records ({100.0 * self.bad / self.read:.1f} %)"
+        if self.bad > self.max_bad_fraction * self.read:
+            raise corpora.CorpusError(
+                f"{self.where}: {share} hold bytes that are not UTF-8 or control characters, "
+                f"more than the {100.0 * self.max_bad_fraction:g} % allowed "
+                f"(max_bad_fraction); the first is {self.first}")
+        logging.warning("%s: skipped %s with bytes that are not UTF-8 or control characters "
+                        "(the first: %s)", self.where, share, self.first)
 
 
 def _read_in_order(source, chunk: int) -> Iterator[dict]:
@@ -185,7 +239,9 @@ def _read_in_order(source, chunk: int) -> Iterator[dict]:
 def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = None,
                    text_key: str = "text", sentences_per_document: int = 0,
                    max_documents: int = 0, max_sentence_chars: int = 1000,
-                   chunk: int = 256) -> Iterator[documents.Document]:
+                   chunk: int = 256,
+                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION
+                   ) -> Iterator[documents.Document]:
     """Documents from a prepared TFDS dataset, read through ``tfds.data_source``.
 
     Args:
@@ -196,6 +252,8 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
         examples form a document (sentence-level BookCorpus copies).
       max_documents: stop after this many documents (0 = all).
       chunk: records per read.
+      max_bad_fraction: the largest share of records whose text breaks the byte-level rules
+        (skipped and counted) before the read fails (checked when the iteration ends).
 
     Yields:
       ``documents.Document``; SUBJECT_ID and ROW_ID are used when the dataset has
@@ -207,11 +265,13 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
     if n == 0:
         raise DataNotPreparedError(f"TFDS dataset {name!r} split {split!r} is empty")
     records = _read_in_order(source, chunk)
+    check = _RecordCheck(name, split, max_bad_fraction)
     produced = 0
     if sentences_per_document > 0:
         doc: list[str] = []
         for i, record in enumerate(records):
-            text = " ".join(_text(record[text_key]).split())
+            text = check.text(i, record[text_key])
+            text = " ".join(text.split()) if text is not None else ""
             if text:
                 doc.append(text)
             if len(doc) == sentences_per_document or (i == n - 1 and doc):
@@ -219,13 +279,17 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
                 produced += 1
                 doc = []
                 if max_documents and produced >= max_documents:
-                    return
+                    break
+        check.finish()
         return
     for i, record in enumerate(records):
         if text_key not in record:
             raise KeyError(f"TFDS dataset {name!r} has no feature {text_key!r} "
                            f"(features: {sorted(record)})")
-        sents = sentences.split_sentences(_text(record[text_key]), max_chars=max_sentence_chars)
+        text = check.text(i, record[text_key])
+        if text is None:
+            continue
+        sents = sentences.split_sentences(text, max_chars=max_sentence_chars)
         if not sents:
             continue
         yield documents.Document(
@@ -235,7 +299,8 @@ def tfds_documents(name: str, *, split: str = "train", data_dir: str | None = No
                  else documents.content_key(sents)))
         produced += 1
         if max_documents and produced >= max_documents:
-            return
+            break
+    check.finish()
 
 
 def main(argv: list[str] | None = None) -> None:

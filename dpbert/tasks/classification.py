@@ -53,7 +53,11 @@ class ClassificationTask(finetuning.FineTuningTask):
                               f"{config.data.max_train_examples}: must be >= 0 (0 = all)")
 
     def count_train_examples(self, config) -> int:
+        # The first data read (before the loop writes anything): the eval file must not be the
+        # training file, and both files must read.
+        clf.check_eval_file(config.data.train, config.data.eval)
         n = len(clf.read_tsv(config.data.train))
+        clf.read_tsv(config.data.eval)
         return min(n, config.data.max_train_examples or n)
 
     def load(self, config, tokenizer) -> finetuning.Loaded:
@@ -76,7 +80,7 @@ class ClassificationTask(finetuning.FineTuningTask):
                               "examples")
         finetuning.announce(f"classification data: {n:,} training / "
                             f"{len(data.eval['input_ids']):,} eval examples, labels "
-                            f"{list(data.labels.names)}"
+                            f"{clf.describe_labels(data.labels.names)}"
                             f"{', sentence pairs' if data.sentence_pair else ''}")
         return finetuning.Loaded(train, data.eval, data.labels.names, n)
 

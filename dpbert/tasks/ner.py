@@ -27,8 +27,10 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import nnx
 
+from data_pipelines import classification as clf
 from data_pipelines import identity, ner
 from dpbert import ner_metrics, task_losses
 from dpbert.errors import ConfigError
@@ -41,12 +43,24 @@ def _synthetic(num_notes: int, seed: int) -> tuple:
 
 
 def documents(config) -> tuple[list, list, tuple[str, ...]]:
-    """(train documents, eval documents, tag names) as the config says."""
+    """(train documents, eval documents, tag names) as the config says.
+
+    An eval file that is the training file (or a byte-identical copy) is refused. Without
+    data.labels, an eval tag that no training document has is an error naming its line (the
+    tag is not shown: `ner.read_conll`)."""
     d = config.data
+    if d.train and d.eval:
+        clf.check_eval_file(d.train, d.eval)
     docs = list(_synthetic(d.synthetic_num_notes, d.synthetic_seed)) if not d.train else \
         ner.read_conll(d.train, tags=tuple(d.labels) or None)
     if d.eval:
-        train, test = docs, ner.read_conll(d.eval, tags=tuple(d.labels) or None)
+        if d.labels:
+            test = ner.read_conll(d.eval, tags=tuple(d.labels))
+        else:
+            test = ner.read_conll(d.eval, tags=ner.tag_names(docs),
+                                  tags_from=f"the training documents ({d.train}); the tag sets "
+                                            "differ (set data.labels to fix the tag set)")
+        train = docs
     else:
         try:
             folds = ner.kfold_documents(docs, d.num_folds, seed=d.fold_seed)
@@ -61,10 +75,10 @@ def documents(config) -> tuple[list, list, tuple[str, ...]]:
     else:
         tags = ner.tag_names(train)
         unknown = sorted(set(ner.tag_names(test)) - set(tags))
-        if unknown:
-            raise ner.DataError(f"{d.eval or d.train}: tags {unknown} do not occur in the "
-                                "training documents; the tag sets differ (set data.labels to "
-                                "fix the tag set)")
+        if unknown:   # k-fold (an eval file's tags were checked as it was read)
+            raise ner.DataError(f"{d.eval or d.train}: {len(unknown)} tag(s) of the held-out "
+                                "documents do not occur in the training documents; the tag sets "
+                                "differ (set data.labels to fix the tag set)")
     return train, test, tags
 
 
@@ -97,6 +111,14 @@ class NerTask(finetuning.FineTuningTask):
     def load(self, config, tokenizer) -> finetuning.Loaded:
         d = config.data
         train_docs, test_docs, tags = documents(config)
+        overlap = ner.document_overlap(train_docs, test_docs)
+        if overlap:
+            logging.warning(
+                "%s: %d of %d held-out documents (%.1f %%) have exactly the words of a "
+                "training document%s; the evaluation metrics are not fully held-out",
+                d.eval or d.train or "synthetic notes", overlap, len(test_docs),
+                100.0 * overlap / len(test_docs),
+                f" ({d.train})" if d.eval else " (the same text with other tags)")
         kw = dict(max_seq_len=d.max_seq_length, stride=d.stride, unit="document")
         train = ner.encode_documents(train_docs, tokenizer, tags, **kw)
         test = ner.encode_documents(test_docs, tokenizer, tags, **kw)
@@ -113,7 +135,7 @@ class NerTask(finetuning.FineTuningTask):
         finetuning.announce(
             f"NER data: {len(train_docs)} training documents ({len(groups)} examples of up to "
             f"{groups.shape[1]} windows), {len(test_docs)} held-out documents "
-            f"({len(test.features['input_ids'])} windows); tags {list(tags)}")
+            f"({len(test.features['input_ids'])} windows); tags {clf.describe_labels(tags)}")
         return finetuning.Loaded(train.features, test.features, tuple(tags), len(groups),
                                  groups=groups)
 

@@ -184,7 +184,8 @@ def test_canary_file_checks(tmp_path, tok):
     record = json.loads(path.read_text())
     record["canaries"][1]["placement"] = "document"
     path.write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="placement 'document'"):
+    with pytest.raises(ValueError, match=r"c\.json: canary #1: placement \(8 characters: "
+                                         r"letters\) is not one of"):
         canaries.load_canary_file(path)
     record["canaries"][1]["placement"] = "sentence"
     record["canaries"][1]["secret_id"] += 1

@@ -101,7 +101,7 @@ def test_bad_files_name_the_line_but_not_the_text(tmp_path, content, match):
 def test_undecodable_bytes(tmp_path):
     f = tmp_path / "x.tsv"
     f.write_bytes(b"1\tgood\n0\tb\xffad\n")
-    with pytest.raises(clf.DataError, match=r"x\.tsv:2: not valid UTF-8"):
+    with pytest.raises(clf.DataError, match=r"x\.tsv:2:4: a byte that is not valid UTF-8"):
         clf.read_tsv(f)
     with pytest.raises(clf.DataError, match="file not found"):
         clf.read_tsv(tmp_path / "missing.tsv")
@@ -115,29 +115,40 @@ def test_label_problems_between_train_and_eval(tmp_path, tok):
     np.testing.assert_array_equal(data.eval["label"], [0, 1])
 
     unknown = write(tmp_path / "u.tsv", "neg\tbad\nneutral\tgood\n")
-    with pytest.raises(clf.DataError, match=r"u\.tsv:2: unknown label 'neutral'; the labels "
-                                            r"are \['neg', 'pos'\]"):
+    # Labels read from a file are never shown: their length and classes of characters.
+    with pytest.raises(clf.DataError, match=r"u\.tsv:2:1: unknown label \(7 characters: "
+                                            r"letters\); no row of the training file "
+                                            r".*train\.tsv has it \(2 labels\)") as e:
         clf.load_train_eval(train, unknown, tok)
+    assert "neutral" not in str(e.value) and "'pos'" not in str(e.value)
     missing = write(tmp_path / "m.tsv", "neg\tbad\nneg\tgood\n")
-    with pytest.raises(clf.DataError, match=r"label sets differ: .*train\.tsv has \['neg', "
-                                            r"'pos'\] but .*m\.tsv lacks \['pos'\]"):
+    with pytest.raises(clf.DataError, match=r"label sets differ: .*m\.tsv has no row with 1 of "
+                                            r"the 2 labels of .*train\.tsv \(the first training "
+                                            r"row with one: .*train\.tsv:1:1\)") as e:
         clf.load_train_eval(train, missing, tok)
+    assert "pos" not in str(e.value).replace("pytest", "")
     # A text column in the label position is not echoed.
     swapped = write(tmp_path / "s.tsv", f"{SECRET}\tneg\npos\tgood\n")
-    with pytest.raises(clf.DataError, match=r"s\.tsv:1: unknown label \(a 26-character") as e:
+    with pytest.raises(clf.DataError,
+                       match=r"s\.tsv:1:1: unknown label \(26 characters: letters, spaces") as e:
         clf.load_train_eval(train, swapped, tok)
     assert "xyzzy" not in str(e.value)
     one = write(tmp_path / "one.tsv", "pos\tgood\npos\tbad\n")
-    with pytest.raises(clf.DataError, match="only one label"):
-        clf.load_train_eval(one, one, tok)
+    with pytest.raises(clf.DataError, match=r"only one label \(every row's is 3 characters"):
+        clf.load_train_eval(one, ok, tok)
     pairs = write(tmp_path / "pairs.tsv", "neg\tbad\tfilm\npos\tgood\tfilm\n")
     with pytest.raises(clf.DataError, match="pairs.tsv: pairs but .*train.tsv has single"):
         clf.load_train_eval(train, pairs, tok)
     # Explicit label order; a training label outside it is an error.
     data = clf.load_train_eval(train, ok, tok, labels=["pos", "neg"])
     np.testing.assert_array_equal(data.train["label"], [0, 1, 0])
-    with pytest.raises(clf.DataError, match=r"train\.tsv:2: unknown label 'neg'"):
+    with pytest.raises(clf.DataError, match=r"train\.tsv:2:1: unknown label \(3 characters: "
+                                            r"letters\); the labels given are \['pos', "
+                                            r"'other'\]"):
         clf.load_train_eval(train, ok, tok, labels=["pos", "other"])
+    with pytest.raises(clf.DataError, match=r"has no row with the given label\(s\) \['neg'\]"):
+        clf.load_train_eval(train, write(tmp_path / "p.tsv", "pos\tgood\n"), tok,
+                            labels=["pos", "neg"])
 
 
 def test_vocabulary_checks(tmp_path, vocab):
@@ -188,3 +199,23 @@ def test_features_match_transformers_bert_tokenizer_on_rt(minilm_dir, shared_dat
     np.testing.assert_array_equal(ours["input_ids"], want["input_ids"])
     np.testing.assert_array_equal(ours["segment_ids"], want["token_type_ids"])
     np.testing.assert_array_equal(ours["input_mask"], want["attention_mask"])
+
+
+def test_eval_file_that_is_the_training_file(tmp_path, tok, caplog):
+    train = write(tmp_path / "train.tsv", "pos\tgood\nneg\tbad\npos\tgood movie\n")
+    copy = write(tmp_path / "copy.tsv", train.read_text())
+    link = tmp_path / "link.tsv"
+    link.symlink_to(train)
+    for same in (train, copy, link, tmp_path / "." / "train.tsv"):
+        with pytest.raises(clf.DataError, match=r"the evaluation file is the training file"):
+            clf.load_train_eval(train, same, tok)
+    # Rows of the eval file that are also in the training file: counted, a WARNING, no text.
+    caplog.set_level("WARNING")
+    part = write(tmp_path / "part.tsv", "neg\tbad\npos\t  good movie\npos\tthe film\n"
+                                        "neg\tgood movie\n")
+    data = clf.load_train_eval(train, part, tok)
+    assert data.eval_overlap == 3
+    (msg,) = [r.getMessage() for r in caplog.records if "verbatim" in r.getMessage()]
+    assert "3 of 4 evaluation rows (75.0 %)" in msg and "movie" not in msg
+    assert clf.load_train_eval(train, write(tmp_path / "new.tsv", "pos\tfilm\nneg\ta\n"),
+                               tok).eval_overlap == 0

@@ -80,8 +80,13 @@ def test_conll_round_trip_and_layouts(tmp_path, docs):
     ("", r"x\.conll: no sentences"),
     ("-DOCSTART- O\n\n", "no sentences"),
     ("fever B-problem\nsecretword\n", r"x\.conll:2: expected 'token<space or TAB>tag'"),
-    ("fever B-problem\nsecretword X-problem\n", r"x\.conll:2: tag 'X-problem' is not 'O'"),
-    ("fever B-problem\nsecretword B-drug\n", r"x\.conll:2: tag 'B-drug' is not in the tag set"),
+    ("fever B-problem\nsecretword X-problem\n",
+     r"x\.conll:2:12: tag \(9 characters: letters, punctuation\) is not 'O'"),
+    ("fever B-problem\nsecretword B-drug\n",
+     r"x\.conll:2:12: tag \(6 characters: letters, punctuation\) is not in the tag set "
+     r"\['B-problem'"),
+    # A name left untagged, a note given as CoNLL: the "tag" is a word, never echoed.
+    ("fever B-problem\nMr secretword\n", r"x\.conll:2:4: tag \(10 characters: letters\) is not"),
 ])
 def test_conll_errors_name_the_line_not_the_word(tmp_path, content, match):
     path = tmp_path / "x.conll"
@@ -156,7 +161,8 @@ def test_windows_and_max_context(char_tokenizer):
     with pytest.raises(ValueError, match="stride"):
         ner.encode_documents([doc], char_tokenizer, ner.I2B2_TAGS, max_seq_len=10, stride=9)
     bad = ner.Document("d", (ner.Sentence(("a",), ("B-drug",)),))
-    with pytest.raises(DataError, match="document d, sentence 1: tag 'B-drug'"):
+    with pytest.raises(DataError, match=r"document d, sentence 1: tag \(6 characters: letters, punctuation\) is not "
+                                     r"one of the 7 tags"):
         ner.encode_documents([bad], char_tokenizer, ner.I2B2_TAGS)
     with pytest.raises(ValueError, match="no prediction"):
         pred = np.where(enc.word_index >= 0, 0, 0)
@@ -193,3 +199,10 @@ def test_kfold_by_document():
         ner.kfold_documents(docs[:6], 5)
 
 
+
+
+def test_document_overlap_counts_documents_with_the_same_words(docs):
+    retagged = ner.Document("x", tuple(ner.Sentence(s.words, ("O",) * len(s.words))
+                                       for s in docs[1].sentences))
+    assert ner.document_overlap(docs[:4], [docs[0], retagged, docs[5]]) == 2
+    assert ner.document_overlap(docs[:4], docs[4:]) == 0

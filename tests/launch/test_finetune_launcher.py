@@ -47,7 +47,7 @@ def test_finetune_launcher_help_and_one_line_errors(tmp_path):
     expect = {
         "mode": "config.privacy.mode='words': must be one of",
         "eta": "privacy.eta must be a finite number > 0",
-        "label": "bad_label.tsv:3: unknown label '7'",
+        "label": "bad_label.tsv:3:1: unknown label (1 character: digits)",
         "missing": "nope.tsv: file not found",
         "ckpt": "no config.json there",
         "ghost": "use dp.clipping='vmap'",
