@@ -189,6 +189,16 @@ def read_config(folder: pathlib.Path, *, dtype: str = "float32"
                 ) -> tuple[dict[str, Any], model_lib.BertConfig]:
     """(config.json as a dict, its BertConfig) of a HF BERT folder; CheckpointError naming the
     file when the folder, the file or its JSON is missing or malformed."""
+    hf_config = read_bert_config_json(folder)
+    return hf_config, config_from_hf(hf_config, str(folder / "config.json"), dtype=dtype)
+
+
+def read_bert_config_json(folder: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a Hugging Face folder, as a dict, if its model_type is 'bert';
+    CheckpointError naming the file otherwise (a missing folder, file or JSON, a GPT-2 or other
+    model). What every reader of a BERT folder checks first, even one that needs only the
+    embeddings (dχ analyses)."""
+    folder = pathlib.Path(folder)
     config_file = folder / "config.json"
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
@@ -196,9 +206,31 @@ def read_config(folder: pathlib.Path, *, dtype: str = "float32"
         raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
     try:
         hf_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
-    return hf_config, config_from_hf(hf_config, str(config_file), dtype=dtype)
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_file}: not a JSON object")
+    model_type = hf_config.get("model_type")
+    if model_type != "bert":
+        raise CheckpointError(
+            f"{config_file}: key 'model_type' is {model_type!r}; dpbert reads BERT checkpoints "
+            "only (model_type 'bert')")
+    return hf_config
+
+
+# What a group of fresh keys is, for the warning and the model card.
+_HEAD_NAMES = (("bert.pooler.", "the pooler"), ("cls.predictions.", "the MLM head"),
+               ("cls.seq_relationship.", "the NSP head"))
+
+
+def fresh_heads(missing: Sequence[str]) -> list[str]:
+    """The heads that `missing` HF keys (initialised fresh by `load_pretrained`) belong to, as
+    'the MLM head (cls.predictions.*)' phrases, in a fixed order."""
+    out = []
+    for prefix, name in _HEAD_NAMES:
+        if any(k.startswith(prefix) for k in missing):
+            out.append(f"{name} ({prefix}*)")
+    return out
 
 
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
@@ -314,9 +346,17 @@ def looks_like_hf_folder(path: str | os.PathLike) -> bool:
         (folder / name).is_file() for name in (*WEIGHT_FILES, "model.safetensors.index.json"))
 
 
-def check_export_destination(path: str | os.PathLike, *, overwrite: bool) -> None:
+def check_export_destination(path: str | os.PathLike, *, overwrite: bool,
+                             sources: Sequence[tuple[str, str | os.PathLike]] = (),
+                             inside_sources_ok: bool = False) -> None:
     """Raises ExportError unless `path` can receive an export: absent, an empty folder, or (with
-    `overwrite`) a previous Hugging Face export; its parent must be writable."""
+    `overwrite`) a previous Hugging Face export; its parent must be writable. Never an empty
+    path, the current directory (or a folder holding it), nor a folder that is, lies inside
+    (unless `inside_sources_ok`) or holds one of `sources` ((name, path) pairs: what the export
+    reads; `fileio.path_problem`): the swap that puts the export in place would delete it."""
+    problem = fileio.path_problem(path, sources=sources, inside_sources_ok=inside_sources_ok)
+    if problem:
+        raise ExportError(f"{path}: {problem}")
     out = pathlib.Path(path)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out}: is a file; the export needs a folder")

@@ -237,6 +237,13 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
     """Trains (or resumes) `task` as `config` says in `workdir`; returns the final privacy
     report (also written to WORKDIR/privacy_report.json). `devices` restricts the mesh."""
     validate(task, config)
+    # Not empty, not the current directory, not the starting model's folder: checked before
+    # anything (the lock, checkpoints/, data/) is written.
+    init_from = config.get("model", {}).get("init_from_hf") or ""
+    problem = fileio.output_folder_problem(
+        workdir, sources=[(f"config.model.init_from_hf={init_from}", init_from)])
+    if problem:
+        raise ConfigError(f"--workdir={workdir}: {problem}")
     workdir = pathlib.Path(workdir).absolute()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -713,6 +720,12 @@ def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
     and that step's privacy report."""
     from dpbert import tasks  # noqa: PLC0415
 
+    # Not the workdir itself, nor a folder holding it (the export's swap would delete it);
+    # WORKDIR/hf, where training exports, is fine.
+    problem = fileio.path_problem(out, sources=[(f"workdir {workdir}", workdir)],
+                                  inside_sources_ok=True)
+    if problem:
+        raise ConfigError(f"{out}: {problem}")
     workdir = pathlib.Path(workdir)
     run_info, params, meta, step = load_saved_step(workdir, step)
     task = tasks.get_task(run_info.get("task", "pretraining"))

@@ -367,7 +367,8 @@ def test_export_cli_on_minilm(minilm_dir, tmp_path):
 
 
 def test_export_cli_reports_bad_source(tmp_path):
-    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={tmp_path}",
+    (tmp_path / "src").mkdir()
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={tmp_path / 'src'}",
                    f"--out={tmp_path / 'o'}")
     assert proc.returncode != 0
     assert "config.json: missing" in proc.stderr

@@ -196,13 +196,15 @@ def test_export_and_analyze_launchers(tmp_path):
     full.mkdir()
     (full / "notes.txt").write_text("mine")
     ro = read_only_dir(tmp_path)
+    src = tmp_path / "src"  # not a model: every case is refused before it is read
+    src.mkdir()
     cases = {
         "help": ["--help"],
         "no source": [f"--out={tmp_path / 'o'}"],
-        "out file": [f"--from_hf={tmp_path}", f"--out={a_file}"],
-        "out non-empty": [f"--from_hf={tmp_path}", f"--out={full}"],
-        "overwrite non-model": [f"--from_hf={tmp_path}", f"--out={full}", "--overwrite"],
-        "out ro": [f"--from_hf={tmp_path}", f"--out={ro}"],
+        "out file": [f"--from_hf={src}", f"--out={a_file}"],
+        "out non-empty": [f"--from_hf={src}", f"--out={full}"],
+        "overwrite non-model": [f"--from_hf={src}", f"--out={full}", "--overwrite"],
+        "out ro": [f"--from_hf={src}", f"--out={ro}"],
         "negative step": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}", "--step=-1"],
         "not a workdir": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"],
     }
@@ -225,7 +227,7 @@ def test_export_and_analyze_launchers(tmp_path):
         "help": ["--help"],
         "out file": ["--embeddings=x", "--corpus=y", f"--out={a_file}"],
         "no corpus": ["--embeddings=x", f"--out={tmp_path / 'a'}"],
-        "bad eta": [f"--embeddings={tmp_path}", "--corpus=y", "--eta=abc",
+        "bad eta": [f"--embeddings={src}", "--corpus=y", "--eta=abc",
                     f"--out={tmp_path / 'a'}"],
     }
     res = dict(zip(cases, drive("analyze_dchi.py", "analyze_dchi", list(cases.values()))))
