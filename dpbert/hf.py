@@ -238,10 +238,19 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: in
     """Loads a HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining layouts).
 
     Keys may carry the `bert.` prefix or not. Heads absent from the source (pooler, MLM head,
-    NSP head) are initialised fresh (seeded by `seed`) and named in a warning. Any missing
-    encoder weight, unexpected shape or malformed file is a `CheckpointError` naming the file and
-    the key.
+    NSP head) are initialised fresh (seeded by `seed`) and named in a warning
+    (`load_pretrained_with_fresh_keys` returns them too). Any missing encoder weight, unexpected
+    shape or malformed file is a `CheckpointError` naming the file and the key.
     """
+    model, config, _ = load_pretrained_with_fresh_keys(path, dtype=dtype, seed=seed)
+    return model, config
+
+
+def load_pretrained_with_fresh_keys(
+        path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig, list[str]]:
+    """`load_pretrained`, and the HF keys that were not in the source and were initialised
+    fresh (empty for a complete `BertForPreTraining` folder)."""
     folder = pathlib.Path(path)
     hf_config, config = read_config(folder, dtype=dtype)
     weights = _find_weights(folder)
@@ -281,7 +290,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: in
     if unexpected:
         logger.warning("%s: ignored keys that BertForPreTraining does not have: %s", weights,
                        ", ".join(sorted(unexpected)))
-    return model, config
+    return model, config, missing
 
 
 def source_shape(path: tuple[str, ...], value: np.ndarray) -> tuple[int, ...]:
@@ -485,11 +494,12 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     `save_pretrained`, checked before the source is loaded). The same weights carry the same
     privacy: the source's privacy_report.json (if any) is the export's."""
     src = pathlib.Path(src)
-    check_export_destination(dst, overwrite=overwrite)
-    if pathlib.Path(dst).absolute().resolve() == src.absolute().resolve():
-        raise ExportError(f"{dst}: is the source folder itself; export to another folder")
+    # The source may be neither the destination, nor inside it (the swap would delete it), nor
+    # hold it (the export would land inside the model it reads), whatever symlinks or relative
+    # spellings name them.
+    check_export_destination(dst, overwrite=overwrite, sources=[(f"folder {src}", src)])
     source_report = lineage.read_report(src)
-    model, _ = load_pretrained(src)
+    model, _, missing = load_pretrained_with_fresh_keys(src)
     do_lower_case = True
     tok_cfg = src / "tokenizer_config.json"
     if tok_cfg.is_file():
@@ -497,5 +507,38 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     vocab = src / "vocab.txt"
     if not vocab.is_file():
         raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
+    # A headless source (a BertModel: no MLM/NSP head) is exported as BertForPreTraining with
+    # heads initialised at random here; transformers cannot warn (the weights are present in
+    # the export), so the card says so.
+    sections = [fresh_heads_section(src, missing)] if missing else []
     return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
-                           overwrite=overwrite, privacy_report=source_report)
+                           overwrite=overwrite, privacy_report=source_report,
+                           card_sections=sections)
+
+
+def fresh_heads_section(src: str | os.PathLike, missing: Sequence[str]) -> str:
+    """The model card's note on heads that the source lacked and this export initialised at
+    random (`missing`: their HF keys)."""
+    heads = fresh_heads(missing)
+    outputs = {"the pooler": "the pooled output", "the MLM head": "the masked-LM predictions",
+               "the NSP head": "the next-sentence scores"}
+    meaningless = [v for k, v in outputs.items() if any(h.startswith(k) for h in heads)]
+    if any(h.startswith("the pooler") for h in heads) and \
+            "the next-sentence scores" not in meaningless:
+        meaningless.append("the next-sentence scores (computed from the pooled output)")
+    return "\n".join([
+        "## Freshly initialised heads",
+        "",
+        f"`{src}` has no weights for {_join(heads)}: this export initialised "
+        f"{'it' if len(heads) == 1 else 'them'} at random, so {_join(meaningless)} mean "
+        "nothing until the model is trained further. Every other weight (the encoder) is the "
+        "source's. `transformers` cannot warn about this when it loads this folder, since the "
+        "weights are present in it.",
+        "",
+        "Initialised fresh: " + ", ".join(f"`{k}`" for k in missing) + ".",
+    ])
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
