@@ -49,6 +49,7 @@ from flax import nnx
 
 from data_pipelines import datasets, fileio, tokenization
 from dpbert import checkpointing
+from dpbert import config_checks
 from dpbert import lineage as lineage_lib
 from dpbert import metrics as metrics_lib
 from dpbert import optimizers
@@ -153,6 +154,7 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
 
 def validate(task: Task, config: ml_collections.ConfigDict) -> None:
     """The loop's own checks, the plan's and the task's; one ConfigError per problem."""
+    config_checks.check(config)  # seeds, canary repetitions, dχ's η: shared by every task
     for field in ("num_steps", "log_every"):
         if not config.train[field] > 0:
             raise ConfigError(f"config.train.{field}={config.train[field]!r}: must be > 0")
