@@ -371,6 +371,8 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
         _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
+    else:
+        _announce(_fresh_start_message(ckpt, damaged))
     # A damaged step is retrained from the one before; its remains would keep the new save
     # of that step from being written (a step that exists is not saved again).
     for step in sorted(s for s in damaged if s in ckpt.all_steps()):
@@ -528,11 +530,13 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
         if totals is not None and int(totals["params_finite"]) < steps_since * \
                 plan.calls_per_batch:
             saver.close()
+            newest = ckpt.latest_step()
+            kept = (f"The newest checkpoint (step {newest}) is intact." if newest is not None
+                    else "No checkpoint was saved before.")
             raise FloatingPointError(
                 f"the parameters became non-finite (NaN or inf) between steps {step - steps_since}"
-                f" and {step}; stopping without saving or exporting them. The newest checkpoint "
-                f"(step {ckpt.latest_step()}) is intact. Lower config.optimizer.learning_rate or "
-                "check the data and config.")
+                f" and {step}; stopping without saving or exporting them. {kept} Lower "
+                "config.optimizer.learning_rate or check the data and config.")
 
     with _Stop() as stop:
         try:
@@ -574,9 +578,13 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                 if saving:
                     saver.save(step, state)
                 if stop.signal:
-                    logging.warning("stopped by %s: checkpoint saved at step %d; rerun the same "
-                                    "command to resume", signal.Signals(stop.signal).name, step)
-                    saver.close()
+                    # "saved" only once it is true: close() waits for the asynchronous save to
+                    # be committed and flushed to disk (a supervisor's SIGKILL may follow the
+                    # message at once), and raises if the step is not on disk.
+                    saver.close(durable=True)
+                    logging.warning("stopped by %s: checkpoint of step %d saved (%s); rerun the "
+                                    "same command to resume", signal.Signals(stop.signal).name,
+                                    step, ckpt.directory / str(step))
                     raise SystemExit(143 if stop.signal == signal.SIGTERM else 130)
         finally:
             del batches  # stops the reader thread
@@ -628,8 +636,9 @@ class _Saver:
                 "privacy_report": report})
         self.pending = (step, report)
 
-    def _flush(self) -> dict | None:
-        """Writes the pending report once its checkpoint is complete."""
+    def _flush(self, durable: bool = False) -> dict | None:
+        """Writes the pending report once its checkpoint is complete (with `durable`, once it
+        is also flushed to disk)."""
         if self.pending is None:
             return None
         self.ckpt.wait()
@@ -639,13 +648,30 @@ class _Saver:
             raise OSError(f"the checkpoint of step {step} was not written (disk full?); "
                           f"privacy_report.json stays at the newest intact checkpoint "
                           f"(step {self.ckpt.latest_step()})")
+        if durable:
+            self.ckpt.sync(step)
         write_json(self.workdir / REPORT_FILE, report)
         return report
 
-    def close(self) -> dict | None:
-        report = self._flush()
+    def close(self, durable: bool = False) -> dict | None:
+        """Waits for the pending save (`durable`: and fsyncs it), writes its report, closes."""
+        report = self._flush(durable)
         self.ckpt.close()
         return report
+
+
+def _fresh_start_message(ckpt, damaged: set[int]) -> str:
+    """What a run without a usable checkpoint says: that it starts at step 0, and why when the
+    folder is not empty (an unfinished save of a killed run, damaged steps)."""
+    unfinished = ckpt.unfinished_saves()
+    why = []
+    if unfinished:
+        why.append(f"unfinished save(s) {', '.join(unfinished)} of a run killed while saving "
+                   "are ignored")
+    if damaged:
+        why.append(f"damaged step(s) {sorted(damaged)}")
+    return (f"no checkpoint in {ckpt.directory}" + (f" ({'; '.join(why)})" if why else "")
+            + ": starting fresh at step 0")
 
 
 def _summary_line(step: int, report: dict, initial: dict, final: dict, by_budget: bool) -> str:
