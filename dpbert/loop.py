@@ -575,17 +575,20 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                 if data.eval is not None and config.train.eval_every and \
                         step % config.train.eval_every == 0 and step < plan.num_steps:
                     writer.write(step, evaluate(state.params))
-                if saving:
+                # The flag is read once here: a signal that arrived after `saving` was computed
+                # (during the log or eval above) still gets this step saved before it stops.
+                stopping = stop.signal
+                if saving or stopping:
                     saver.save(step, state)
-                if stop.signal:
-                    # "saved" only once it is true: close() waits for the asynchronous save to
-                    # be committed and flushed to disk (a supervisor's SIGKILL may follow the
-                    # message at once), and raises if the step is not on disk.
+                if stopping:
+                    # "saved" only once it is true: close() waits for the asynchronous save of
+                    # THIS step to be committed and flushed to disk (a supervisor's SIGKILL may
+                    # follow the message at once), and raises if it is not on disk.
                     saver.close(durable=True)
                     logging.warning("stopped by %s: checkpoint of step %d saved (%s); rerun the "
-                                    "same command to resume", signal.Signals(stop.signal).name,
+                                    "same command to resume", signal.Signals(stopping).name,
                                     step, ckpt.directory / str(step))
-                    raise SystemExit(143 if stop.signal == signal.SIGTERM else 130)
+                    raise SystemExit(143 if stopping == signal.SIGTERM else 130)
         finally:
             del batches  # stops the reader thread
     by_budget = plan.max_steps_by_budget is not None and \
