@@ -345,7 +345,6 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
     private, workdir = out / PRIVATE_DIR, out / TRAIN_DIR
     config = ml_collections.ConfigDict(config.to_dict())
     loop.validate(pretraining.TASK, config)
-    private.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     data = pretraining.prepare_corpus(config, workdir)
     vocab_file, _, vocab_origin = pretraining.prepare_vocab(config, data, workdir)
@@ -369,6 +368,7 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
                 shutil.rmtree(pathlib.Path(vocab_file).parent, ignore_errors=True)
                 message += " (the vocabulary built here was removed: a rerun builds a new one)"
             raise ValueError(message)
+        private.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(np.random.SeedSequence())  # OS entropy, never recorded
         audit_canaries = make_audit_canaries(tok, m, length, rng)
         included = rng.random(m) < 0.5

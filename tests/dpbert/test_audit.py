@@ -181,4 +181,4 @@ def test_too_few_secret_candidates_says_what_to_change(tmp_path):
                                          r"a larger config\.vocab\.epsilon \(now 2\.0\)"):
         audit.run_audit(config, tmp_path / "out", m=16)
     assert not (tmp_path / "out" / "train" / "vocab").exists()
-    assert not (tmp_path / "out" / "private" / audit.AUDIT_FILE).exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train"]  # no private/
