@@ -9,15 +9,21 @@
 clear line instead of a traceback or a page of help:
 
 * `--help` (and `-h`, `--helpshort`, `--helpfull`) print the help and exit 0 (absl exits 1);
-* a bad flag, a missing `--config` file, an unknown config field (absl's "did you mean" hint
-  kept), a bad `configs/x.py:ARG`, or an `app.UsageError` raised by `main` print
-  `NAME: error: ...` on one line and exit 2;
+* a bad flag, a missing (or empty, or FIFO) `--config` file, one that fails to import or whose
+  get_config raises or returns no ConfigDict (named with file and line), an unknown config
+  field (absl's "did you mean" hint kept), a bad `configs/x.py:ARG`, or an `app.UsageError`
+  raised by `main` print `NAME: error: ...` on one line and exit 2;
 * log lines of jax/orbax below WARNING are dropped (e.g. "Unable to initialize backend 'tpu':
   ... libtpu.so ..." on every CPU run);
 * a log line written while a tqdm progress bar is on screen clears the bar, prints the line, and
   redraws the bar below it, so bars and log lines never share a line.
 
-This module imports only absl and the standard library (`--help` stays instant).
+The path checks every launcher shares live here too (`check_output_dir`, `check_output_path`,
+`check_input_path`, `check_config_inputs`, on `data_pipelines.fileio`): an empty path, the
+current directory, an output that is, lies inside or holds a source, a FIFO input.
+
+This module imports only absl, the standard library and `data_pipelines.fileio` (`--help` stays
+instant).
 """
 
 from __future__ import annotations
