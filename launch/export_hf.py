@@ -10,6 +10,9 @@ round-trips a HF BERT folder through dpbert (load into the Flax model, write it 
 
 --out must be absent or empty; --overwrite replaces a previous export there as a whole (written
 beside it, then swapped in: no file of the old export survives, and a failure keeps the old one).
+--out is never the source, a folder inside --from_hf, one holding the source, the current
+directory or empty. A source without MLM/NSP heads (a BertModel such as MiniLM) gets them
+initialised at random, and the model card says so.
 """
 
 from absl import app, flags
