@@ -51,6 +51,10 @@ PLACEMENTS = ("sentence", "example")
 # inclusion is the audit's secret; exposure reports leave them out.
 AUDIT_FORM = "audit"
 CANARY_FILE_VERSION = 1
+# Most copies of one canary: each is a sentence of its own, so a count of 10**9 (a typo) would
+# draw and plant 10**9 sentences (gigabytes, hours) instead of failing. Secret-sharer
+# experiments use 1-10,000.
+MAX_REPETITIONS = 100_000
 
 # Generic words for the H positions: frequent, content-free English words. Only those that the
 # vocabulary keeps as one piece are used.
@@ -134,9 +138,9 @@ def make_canaries(tokenizer: tokenization.WordPieceTokenizer, *, forms: Sequence
         if form not in FORMS:
             raise ValueError(f"unknown canary form {form!r}; choose from {FORMS}")
     for r in repetitions:
-        if int(r) < 0:
+        if not 0 <= int(r) <= MAX_REPETITIONS:
             raise ValueError(f"canary repetitions must be >= 0 (0 = a never-planted reference "
-                             f"canary), got {r}")
+                             f"canary) and <= {MAX_REPETITIONS}, got {r}")
     if canaries_per_setting < 1:
         raise ValueError(f"canaries_per_setting must be >= 1, got {canaries_per_setting}")
     generic = generic_word_ids(tokenizer)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -45,10 +46,53 @@ def writable(folder: str | os.PathLike) -> bool:
         return False
 
 
-def output_folder_problem(path: str | os.PathLike) -> str | None:
-    """Why `path` cannot be (created as) an output folder, or None: it is a file, its nearest
+def path_problem(path: str | os.PathLike | None, *,
+                 sources: Iterable[tuple[str, str | os.PathLike]] = (),
+                 inside_sources_ok: bool = False) -> str | None:
+    """Why `path` is a degenerate OUTPUT folder, or None: empty (`--out=` would mean the current
+    directory), the current directory or a folder that contains it (`.`, `..`, `$HOME`, `/`),
+    or a folder that is, lies inside, or contains one of `sources` (an input of the same
+    command: writing there would mix the output into it, or replacing the output would delete
+    it). `sources` are (what to call it, path) pairs, e.g. ("--from_hf=X", "X"); paths are
+    compared after resolving symlinks and relative parts. `inside_sources_ok`: an output inside
+    a source is fine (a training workdir's own `WORKDIR/hf` or `WORKDIR/exposure`)."""
+    if path is None or (isinstance(path, str) and not path.strip()):
+        return ("is empty (an empty path would mean the current directory); give the folder "
+                "a name")
+    if "://" in os.fspath(path):
+        return None  # remote (gs://...): not a local folder
+    here = pathlib.Path(os.path.realpath(os.getcwd()))
+    out = pathlib.Path(os.path.realpath(path))
+    if out == here:
+        return ("is the current directory; give a folder of its own (e.g. runs/NAME), so that "
+                "its files do not mix with those already here")
+    if out in here.parents:
+        return ("contains the current directory; give a folder of its own (e.g. runs/NAME), "
+                "so that its files do not mix with those already there")
+    for name, source in sources:
+        if not source or "://" in os.fspath(source):
+            continue
+        src = pathlib.Path(os.path.realpath(source))
+        if out == src:
+            return f"is the source {name} itself; write to another folder"
+        if src in out.parents and not inside_sources_ok:
+            return f"is inside the source {name}; write to a folder outside it"
+        if out in src.parents:
+            return (f"contains the source {name}; write to a folder that does not hold it (a "
+                    "replaced or filled output folder would change the source)")
+    return None
+
+
+def output_folder_problem(path: str | os.PathLike, *,
+                          sources: Iterable[tuple[str, str | os.PathLike]] = (),
+                          inside_sources_ok: bool = False) -> str | None:
+    """Why `path` cannot be (created as) an output folder, or None: a degenerate path
+    (`path_problem`: empty, the current directory, a source's folder), a file, its nearest
     existing ancestor is a file, or that ancestor is read-only. Checked before any work, so
-    nothing is computed for an output that cannot be written."""
+    nothing is computed (or written) for an output that cannot or must not be written."""
+    problem = path_problem(path, sources=sources, inside_sources_ok=inside_sources_ok)
+    if problem or "://" in os.fspath(path):
+        return problem
     path = pathlib.Path(path)
     if path.exists() and not path.is_dir():
         return "is a file, not a folder"
@@ -59,4 +103,23 @@ def output_folder_problem(path: str | os.PathLike) -> str | None:
         return f"cannot be created ({existing} is a file)"
     if not writable(existing):
         return f"not writable ({existing} is read-only for this user)"
+    return None
+
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def special_file_problem(path: str | os.PathLike) -> str | None:
+    """Why an existing `path` is neither a regular file nor a folder (a FIFO, a socket, a
+    device), or None (also when it does not exist: the reader says so). dpbert's readers open
+    their inputs more than once and need their size, which a pipe does not have."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, kind in _SPECIAL_KINDS:
+        if test(mode):
+            return (f"is {kind}, not a regular file; write its content to a file first (it "
+                    "is read more than once)")
     return None

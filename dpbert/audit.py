@@ -46,6 +46,7 @@ import json
 import math
 import os
 import pathlib
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,6 +243,65 @@ def membership_scores(graphdef: Any, params: Any, canaries: Sequence[canaries_li
 
 # ----------------------------------------------------------------------------- one audit run
 
+# At most this many audit canaries: each is a training example of its own and costs `length`
+# forward passes to score, so a mistyped m (1e9) would run out of memory drawing them rather
+# than fail; 100,000 is far beyond any audit that fits a training set.
+MAX_CANARIES = 100_000
+
+
+def check_arguments(m: Any, length: Any, score: Any, confidence: Any, *,
+                    max_seq_length: int | None = None, prefix: str = "") -> None:
+    """Raises ValueError naming the argument (`prefix` + its name: "--m" in the launcher) unless
+    2 <= m <= MAX_CANARIES, 2 <= length <= max_seq_length - 3 (a canary is one example
+    [CLS] A [SEP] B [SEP]), score in SCORES and 0 < confidence < 1. Checked before any work."""
+    def is_int(v):
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+    if not (is_int(m) and 2 <= m <= MAX_CANARIES):
+        raise ValueError(f"{prefix}m={m!r}: the number of audit canaries must be an integer in "
+                         f"[2, {MAX_CANARIES}]")
+    top = max_seq_length - 3 if max_seq_length else None
+    if not (is_int(length) and length >= 2 and (top is None or length <= top)):
+        where = (f"[2, {top}] (data.max_seq_length={max_seq_length} minus [CLS] and two [SEP])"
+                 if top is not None else ">= 2")
+        raise ValueError(f"{prefix}length={length!r}: an audit canary's word pieces must be an "
+                         f"integer in {where}")
+    if score not in SCORES:
+        raise ValueError(f"{prefix}score={score!r}: must be one of {SCORES}")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not (
+            0 < confidence < 1):
+        raise ValueError(f"{prefix}confidence={confidence!r}: must be a number in (0, 1), e.g. "
+                         "0.95")
+
+
+def check_out_dir(out_dir: str | os.PathLike, config: Any, *, flag: str = "out") -> None:
+    """Raises ValueError unless `out_dir` can hold an audit: not empty, not the current directory
+    (or a folder holding it), not a file, writable, not the starting model's folder."""
+    from data_pipelines import fileio  # noqa: PLC0415
+
+    init_from = config.get("model", {}).get("init_from_hf") or ""
+    problem = fileio.output_folder_problem(out_dir, sources=[
+        (f"config.model.init_from_hf={init_from}", init_from)])
+    if problem:
+        raise ValueError(f"{flag}={out_dir}: {problem}")
+
+
+def _few_candidates_message(vocab_file: str, n: int, config: Any) -> str:
+    v = config.get("vocab", {})
+    how = ("use a public vocabulary with whole words (config.vocab.file=.../vocab.txt, e.g. "
+           "MiniLM's)")
+    if not v.get("file"):
+        more = ("more text (config.data.synthetic_num_notes="
+                f"{config.data.get('synthetic_num_notes')} notes now)"
+                if config.data.get("corpus") == "synthetic" else "more text (config.data.paths)")
+        eps = (f", a larger config.vocab.epsilon (now {v.get('epsilon')})" if v.get("dp", True)
+               else "")
+        how = f"train on {more}{eps}, or {how}"
+    return (f"{vocab_file}: {n} secret candidate(s) (whole lower-case words of >= 3 letters that "
+            f"are one piece of the vocabulary); the audit needs at least 2 to draw its canaries "
+            f"from. A DP vocabulary built from a small corpus learns few whole words: {how}")
+
+
 PRIVATE_DIR = "private"      # OUT/private: the canaries, inclusion bits and scores
 TRAIN_DIR = "train"          # OUT/train: the training workdir
 AUDIT_FILE = "audit_canaries.json"
@@ -276,17 +336,18 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
     from dpbert import exposure, loop  # noqa: PLC0415
     from dpbert.tasks import pretraining  # noqa: PLC0415
 
-    if score not in SCORES:
-        raise ValueError(f"unknown score {score!r}; choose from {SCORES}")
+    # Validate before anything is written: a refused argument, folder or config leaves OUT as
+    # it was, and nothing is trained for an audit that would fail at the end.
+    check_arguments(m, length, score, confidence,
+                    max_seq_length=config.get("data", {}).get("max_seq_length"))
+    check_out_dir(out_dir, config)
     out = pathlib.Path(out_dir).absolute()
     private, workdir = out / PRIVATE_DIR, out / TRAIN_DIR
     config = ml_collections.ConfigDict(config.to_dict())
-    # Validate before anything is written: a refused config leaves OUT as it was.
     loop.validate(pretraining.TASK, config)
-    private.mkdir(parents=True, exist_ok=True)
     workdir.mkdir(parents=True, exist_ok=True)
     data = pretraining.prepare_corpus(config, workdir)
-    vocab_file, _, _ = pretraining.prepare_vocab(config, data, workdir)
+    vocab_file, _, vocab_origin = pretraining.prepare_vocab(config, data, workdir)
     tok = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=data.do_lower_case)
 
     audit_file = private / AUDIT_FILE
@@ -298,6 +359,16 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
             raise ValueError(f"{audit_file} holds an audit with other canaries (m, length or "
                              f"vocabulary differ); use a fresh output folder")
     else:
+        num_candidates = len(canaries_lib.secret_candidates(tok))
+        if num_candidates < 2:
+            message = _few_candidates_message(vocab_file, num_candidates, config)
+            if vocab_origin == "built" and not (workdir / "checkpoints").exists():
+                # Built by this audit for nothing yet trained: removed, so that a rerun with
+                # the advised settings builds a new one instead of reusing this one.
+                shutil.rmtree(pathlib.Path(vocab_file).parent, ignore_errors=True)
+                message += " (the vocabulary built here was removed: a rerun builds a new one)"
+            raise ValueError(message)
+        private.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(np.random.SeedSequence())  # OS entropy, never recorded
         audit_canaries = make_audit_canaries(tok, m, length, rng)
         included = rng.random(m) < 0.5

@@ -166,9 +166,49 @@ class Checkpointer:
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
+    def sync(self, step: int) -> None:
+        """fsyncs every file and folder of a committed step, and the checkpoints folder (whose
+        entry orbax's final rename created), so the step survives a crash or power loss right
+        after (orbax commits by a rename, without flushing). Local folders only."""
+        folder = self.directory / str(step)
+        if "://" in str(self.directory) or not folder.is_dir():
+            return
+        for root, dirs, files in os.walk(folder, topdown=False):
+            for name in files:
+                _fsync(os.path.join(root, name), folder=False)
+            _fsync(root, folder=True)
+        _fsync(str(self.directory), folder=True)
+
+    def unfinished_saves(self) -> list[str]:
+        """Names of temporary step folders in the checkpoints folder: saves that never
+        committed (the run was killed while saving); orbax ignores them."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p.name for p in self.directory.iterdir()
+                      if p.is_dir() and "tmp" in p.name)
+
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _fsync(path: str, folder: bool) -> None:
+    """fsync a file (an error is raised: the data may not be on disk) or a folder (errors are
+    ignored: some filesystems cannot fsync folders)."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if folder else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if folder:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not folder:
+            raise
+    finally:
+        os.close(fd)
 
 
 def abstract_like(state: Any) -> Any:

@@ -9,19 +9,26 @@
 clear line instead of a traceback or a page of help:
 
 * `--help` (and `-h`, `--helpshort`, `--helpfull`) print the help and exit 0 (absl exits 1);
-* a bad flag, a missing `--config` file, an unknown config field (absl's "did you mean" hint
-  kept), a bad `configs/x.py:ARG`, or an `app.UsageError` raised by `main` print
-  `NAME: error: ...` on one line and exit 2;
+* a bad flag, a missing (or empty, or FIFO) `--config` file, one that fails to import or whose
+  get_config raises or returns no ConfigDict (named with file and line), an unknown config
+  field (absl's "did you mean" hint kept), a bad `configs/x.py:ARG`, or an `app.UsageError`
+  raised by `main` print `NAME: error: ...` on one line and exit 2;
 * log lines of jax/orbax below WARNING are dropped (e.g. "Unable to initialize backend 'tpu':
   ... libtpu.so ..." on every CPU run);
 * a log line written while a tqdm progress bar is on screen clears the bar, prints the line, and
   redraws the bar below it, so bars and log lines never share a line.
 
-This module imports only absl and the standard library (`--help` stays instant).
+The path checks every launcher shares live here too (`check_output_dir`, `check_output_path`,
+`check_input_path`, `check_config_inputs`, on `data_pipelines.fileio`): an empty path, the
+current directory, an output that is, lies inside or holds a source, a FIFO input.
+
+This module imports only absl, the standard library and `data_pipelines.fileio` (`--help` stays
+instant).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import os
 import re
@@ -85,20 +92,109 @@ def parse_flags(argv: Sequence[str], name: str) -> list[str]:
     _check_config_files(args, name)
     parsed, unset = _pop_none_overrides(args)
     try:
-        rest = flags.FLAGS(parsed)
+        with _no_returned_none_warning():
+            rest = flags.FLAGS(parsed)
         # config_flags defers a failed config load (a missing file, an exception in
         # get_config) until the value is read; read it now, while errors are still flag errors.
         for flag in flags.FLAGS._flags().values():  # noqa: SLF001 - no public iterator
             if type(flag).__name__ == "_ConfigFlag":
-                _set_none(flag.name, flag.value, unset.get(flag.name, ()))
+                value = flag.value
+                problem = _not_a_config(value)
+                if problem and flag.present:
+                    fail(name, f"--{flag.name}={_given_config(args, flag.name)}: {problem}")
+                _set_none(flag.name, value, unset.get(flag.name, ()))
         return rest
     except flags.Error as e:
+        if "--config=None" in str(e) and _given_config(args, "config"):
+            # get_config() returned None: config_flags reports a missing flag
+            fail(name, f"--config={_given_config(args, 'config')}: {_not_a_config(None)}")
         fail(name, f"{one_line(str(e))} (see --help)")
-    except (AttributeError, KeyError) as e:
-        fail(name, _unknown_field_message(e, args))
-    except (OSError, ValueError, TypeError) as e:
-        fail(name, one_line(str(e)))
+    except Exception as e:  # noqa: BLE001 - every failure of a config file becomes one line
+        in_file = _config_file_error(e, args)
+        if in_file:
+            fail(name, in_file)
+        if isinstance(e, (AttributeError, KeyError)):
+            fail(name, _unknown_field_message(e, args))
+        if isinstance(e, (OSError, ValueError, TypeError)):
+            fail(name, one_line(str(e)))
+        raise
     raise AssertionError("unreachable")
+
+
+def _given_config(args: Sequence[str], flag: str) -> str | None:
+    """The value of `--FLAG=VALUE` (or `--FLAG VALUE`) in `args`, None if absent."""
+    for i, a in enumerate(args):
+        if a.startswith(f"--{flag}="):
+            return a.split("=", 1)[1]
+        if a == f"--{flag}" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def _not_a_config(value) -> str | None:
+    """Why a config file's get_config() result is not a config (None when it is one)."""
+    if value is None:
+        return "get_config() returned None (a missing return statement?); it must return an " \
+               "ml_collections.ConfigDict"
+    if not (hasattr(value, "to_dict") and hasattr(value, "lock")):  # ConfigDict, FrozenConfigDict
+        return (f"get_config() returned a {type(value).__name__}, not an ml_collections."
+                "ConfigDict (e.g. `return ml_collections.ConfigDict(...)`)")
+    return None
+
+
+def _config_file_error(e: BaseException, args: Sequence[str]) -> str | None:
+    """One line for an exception raised by a config file itself (a syntax error, a failing
+    import, an error in get_config), naming the file and line; None for other errors. A
+    ValueError whose message already names the file (a bad `configs/x.py:ARG`, from
+    `configs.common.parse_arg`) is left as it is."""
+    value = _given_config(args, "config")
+    if value is None:
+        return None
+    path = value.split(":", 1)[0]
+    real = os.path.realpath(path)
+    if isinstance(e, SyntaxError) and e.filename and os.path.realpath(e.filename) == real:
+        return (f"--config={value}: {path}, line {e.lineno}: {type(e).__name__}: {e.msg} "
+                "(the config file cannot be imported)")
+    frames = [f for f in _traceback_frames(e) if os.path.realpath(f[0]) == real]
+    if not frames or (isinstance(e, ValueError) and os.path.basename(path) in str(e)):
+        return None
+    _, line, function = frames[-1]
+    what = "importing it" if function == "<module>" else f"{function}()"
+    return (f"--config={value}: {what} raised {type(e).__name__}: {one_line(str(e))} "
+            f"({path}, line {line})")
+
+
+def _traceback_frames(e: BaseException) -> list[tuple[str, int, str]]:
+    """(file, line, function) of every frame of `e`'s traceback, outermost first."""
+    out, tb = [], e.__traceback__
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return out
+
+
+class _DropReturnedNone(std_logging.Filter):
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not (record.pathname.endswith("config_flags.py")
+                    and "returned None" in str(record.msg))
+
+
+@contextlib.contextmanager
+def _no_returned_none_warning():
+    """config_flags logs a warning when get_config() returns None, then fails on a missing
+    flag; parse_flags says both in its one line instead."""
+    handlers = [h for h in std_logging.root.handlers] + [logging.get_absl_handler()]
+    drop = _DropReturnedNone()
+    logger = std_logging.getLogger("absl")
+    logger.addFilter(drop)
+    for h in handlers:
+        h.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+        for h in handlers:
+            h.removeFilter(drop)
 
 
 def _pop_none_overrides(args: list[str]) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
@@ -152,9 +248,15 @@ def _check_config_files(args: Sequence[str], name: str) -> None:
         if value is None:
             continue
         path = value.split(":", 1)[0]
+        if not path.strip():
+            fail(name, f"--config={value}: empty path; give a config file (e.g. "
+                       "configs/demo_dp.py)")
         if os.path.isdir(path):
             fail(name, f"--config={value}: {path} is a directory; give a config file "
                        "(e.g. configs/demo_dp.py)")
+        special = fileio.special_file_problem(path)
+        if special:
+            fail(name, f"--config={value}: {path} {special}")
         if not os.path.isfile(path):
             fail(name, f"--config={value}: config file {path} not found (configs/*.py)")
 
@@ -213,15 +315,59 @@ def setup_console() -> None:
     target.emit = tqdm_safe_emit  # type: ignore[method-assign]
 
 
-def check_output_dir(path: str, flag: str, *, must_be_empty: bool = False) -> str | None:
-    """Why `path` cannot be an output folder (None if it can): a file, a read-only folder, or a
-    parent that is a file or read-only. With `must_be_empty`, a non-empty folder too. Remote
-    paths (gs://...) are not checked here."""
-    if "://" in path:
-        return None
-    problem = fileio.output_folder_problem(path)
+def check_output_dir(path: str | None, flag: str, *, must_be_empty: bool = False,
+                     sources: Sequence[tuple[str, str]] = (),
+                     inside_sources_ok: bool = False) -> str | None:
+    """Why `path` cannot be an output folder (None if it can), as `FLAG=PATH: why`: empty, the
+    current directory (or a folder holding it), a folder that is, lies inside or holds one of
+    `sources` ((name, path) pairs of the command's inputs, `fileio.path_problem`), a file, a
+    read-only folder, or a parent that is a file or read-only. With `must_be_empty`, a non-empty
+    folder too. Remote paths (gs://...) are checked for emptiness only."""
+    problem = fileio.output_folder_problem(path, sources=sources,
+                                           inside_sources_ok=inside_sources_ok)
     if problem:
         return f"{flag}={path}: {problem}"
+    if "://" in path:
+        return None
     if must_be_empty and os.path.isdir(path) and os.listdir(path):
         return f"{flag}={path}: is not empty"
     return None
+
+
+def check_output_path(path: str | None, flag: str, *, sources: Sequence[tuple[str, str]] = (),
+                      inside_sources_ok: bool = False) -> str | None:
+    """`FLAG=PATH: why` when `path` is a degenerate output (`fileio.path_problem`: empty, the
+    current directory or a folder holding it, a source's folder), else None."""
+    problem = fileio.path_problem(path, sources=sources, inside_sources_ok=inside_sources_ok)
+    return f"{flag}={path}: {problem}" if problem else None
+
+
+# Config fields that name input files or folders (checked by `check_config_inputs`).
+CONFIG_INPUT_FIELDS = ("data.paths", "data.train", "data.eval", "vocab.file",
+                       "model.init_from_hf", "data.canaries.file", "privacy.public_file")
+
+
+def check_config_inputs(config, fields: Sequence[str] = CONFIG_INPUT_FIELDS) -> str | None:
+    """`config.FIELD=PATH: why` for the first input path of `config` (the dotted `fields` it
+    has; a field may hold a list of paths) that is a FIFO, a socket or a device; None if there
+    is none. Missing files are left to the readers, which name them."""
+    for field in fields:
+        node = config
+        for part in field.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        paths = node if isinstance(node, (list, tuple)) else [node]
+        for path in paths:
+            if isinstance(path, str) and path:
+                problem = fileio.special_file_problem(path)
+                if problem:
+                    return f"config.{field}={path}: {problem}"
+    return None
+
+
+def check_input_path(path: str | None, flag: str) -> str | None:
+    """Why `path` cannot be an input (None if it can, or if it is missing: the reader names it
+    then): empty (which would mean the current directory), or a FIFO, socket or device."""
+    if path is None or not str(path).strip():
+        return f"{flag}= is empty; give a path"
+    problem = fileio.special_file_problem(path)
+    return f"{flag}={path}: {problem}" if problem else None

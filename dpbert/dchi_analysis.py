@@ -29,6 +29,8 @@ from typing import Any, Sequence
 
 from absl import logging
 
+from data_pipelines import fileio
+
 # The k of Qu et al.'s Fig. 3; the last entry stands for |V| (the farthest token).
 KNN_KS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000, None)
 
@@ -65,7 +67,9 @@ def read_corpus_lines(path: str | os.PathLike) -> list[str]:
     """Non-empty text lines; for `.tsv[.gz]` files the last tab-separated field."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise AnalysisError(f"--corpus: {path} does not exist")
+        problem = fileio.special_file_problem(path) or (
+            "is a directory; expected a text file" if path.is_dir() else "does not exist")
+        raise AnalysisError(f"--corpus: {path} {problem}")
     tsv = path.name.endswith((".tsv", ".tsv.gz"))
     try:
         with _open_text(path) as f:
@@ -183,7 +187,7 @@ def run_analysis(embeddings: str, etas: list[float], corpus: str, out: str, *,
     import numpy as np
     from tqdm import tqdm
 
-    from dpbert import dchi
+    from dpbert import dchi, hf
 
     for name, value, low in (("samples_per_token", samples_per_token, 1),
                              ("vocab_sample", vocab_sample, 0), ("knn_queries", knn_queries, 0),
@@ -191,9 +195,16 @@ def run_analysis(embeddings: str, etas: list[float], corpus: str, out: str, *,
                              ("queries_per_call", queries_per_call, 1)):
         if value < low:
             raise AnalysisError(f"--{name} must be >= {low}, got {value}")
+    problem = fileio.output_folder_problem(out, sources=[(f"--embeddings={embeddings}",
+                                                          embeddings)])
+    if problem:
+        raise AnalysisError(f"--out={out}: {problem}")
     started = time.time()
     folder = pathlib.Path(embeddings)
     try:
+        # A BERT folder, as fine-tuning and export require (a GPT-2 or other model folder is
+        # refused by its config.json, not analysed as if its embeddings were BERT's).
+        hf.read_bert_config_json(folder)
         table, vocab = dchi.load_embedding_table(folder)
     except (FileNotFoundError, ValueError) as e:
         raise AnalysisError(f"--embeddings: {e}") from e

@@ -189,6 +189,16 @@ def read_config(folder: pathlib.Path, *, dtype: str = "float32"
                 ) -> tuple[dict[str, Any], model_lib.BertConfig]:
     """(config.json as a dict, its BertConfig) of a HF BERT folder; CheckpointError naming the
     file when the folder, the file or its JSON is missing or malformed."""
+    hf_config = read_bert_config_json(folder)
+    return hf_config, config_from_hf(hf_config, str(folder / "config.json"), dtype=dtype)
+
+
+def read_bert_config_json(folder: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a Hugging Face folder, as a dict, if its model_type is 'bert';
+    CheckpointError naming the file otherwise (a missing folder, file or JSON, a GPT-2 or other
+    model). What every reader of a BERT folder checks first, even one that needs only the
+    embeddings (dχ analyses)."""
+    folder = pathlib.Path(folder)
     config_file = folder / "config.json"
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
@@ -196,9 +206,31 @@ def read_config(folder: pathlib.Path, *, dtype: str = "float32"
         raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
     try:
         hf_config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
-    return hf_config, config_from_hf(hf_config, str(config_file), dtype=dtype)
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_file}: not a JSON object")
+    model_type = hf_config.get("model_type")
+    if model_type != "bert":
+        raise CheckpointError(
+            f"{config_file}: key 'model_type' is {model_type!r}; dpbert reads BERT checkpoints "
+            "only (model_type 'bert')")
+    return hf_config
+
+
+# What a group of fresh keys is, for the warning and the model card.
+_HEAD_NAMES = (("bert.pooler.", "the pooler"), ("cls.predictions.", "the MLM head"),
+               ("cls.seq_relationship.", "the NSP head"))
+
+
+def fresh_heads(missing: Sequence[str]) -> list[str]:
+    """The heads that `missing` HF keys (initialised fresh by `load_pretrained`) belong to, as
+    'the MLM head (cls.predictions.*)' phrases, in a fixed order."""
+    out = []
+    for prefix, name in _HEAD_NAMES:
+        if any(k.startswith(prefix) for k in missing):
+            out.append(f"{name} ({prefix}*)")
+    return out
 
 
 def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
@@ -206,10 +238,19 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: in
     """Loads a HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining layouts).
 
     Keys may carry the `bert.` prefix or not. Heads absent from the source (pooler, MLM head,
-    NSP head) are initialised fresh (seeded by `seed`) and named in a warning. Any missing
-    encoder weight, unexpected shape or malformed file is a `CheckpointError` naming the file and
-    the key.
+    NSP head) are initialised fresh (seeded by `seed`) and named in a warning
+    (`load_pretrained_with_fresh_keys` returns them too). Any missing encoder weight, unexpected
+    shape or malformed file is a `CheckpointError` naming the file and the key.
     """
+    model, config, _ = load_pretrained_with_fresh_keys(path, dtype=dtype, seed=seed)
+    return model, config
+
+
+def load_pretrained_with_fresh_keys(
+        path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig, list[str]]:
+    """`load_pretrained`, and the HF keys that were not in the source and were initialised
+    fresh (empty for a complete `BertForPreTraining` folder)."""
     folder = pathlib.Path(path)
     hf_config, config = read_config(folder, dtype=dtype)
     weights = _find_weights(folder)
@@ -249,7 +290,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: in
     if unexpected:
         logger.warning("%s: ignored keys that BertForPreTraining does not have: %s", weights,
                        ", ".join(sorted(unexpected)))
-    return model, config
+    return model, config, missing
 
 
 def source_shape(path: tuple[str, ...], value: np.ndarray) -> tuple[int, ...]:
@@ -314,9 +355,17 @@ def looks_like_hf_folder(path: str | os.PathLike) -> bool:
         (folder / name).is_file() for name in (*WEIGHT_FILES, "model.safetensors.index.json"))
 
 
-def check_export_destination(path: str | os.PathLike, *, overwrite: bool) -> None:
+def check_export_destination(path: str | os.PathLike, *, overwrite: bool,
+                             sources: Sequence[tuple[str, str | os.PathLike]] = (),
+                             inside_sources_ok: bool = False) -> None:
     """Raises ExportError unless `path` can receive an export: absent, an empty folder, or (with
-    `overwrite`) a previous Hugging Face export; its parent must be writable."""
+    `overwrite`) a previous Hugging Face export; its parent must be writable. Never an empty
+    path, the current directory (or a folder holding it), nor a folder that is, lies inside
+    (unless `inside_sources_ok`) or holds one of `sources` ((name, path) pairs: what the export
+    reads; `fileio.path_problem`): the swap that puts the export in place would delete it."""
+    problem = fileio.path_problem(path, sources=sources, inside_sources_ok=inside_sources_ok)
+    if problem:
+        raise ExportError(f"{path}: {problem}")
     out = pathlib.Path(path)
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out}: is a file; the export needs a folder")
@@ -445,11 +494,12 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     `save_pretrained`, checked before the source is loaded). The same weights carry the same
     privacy: the source's privacy_report.json (if any) is the export's."""
     src = pathlib.Path(src)
-    check_export_destination(dst, overwrite=overwrite)
-    if pathlib.Path(dst).absolute().resolve() == src.absolute().resolve():
-        raise ExportError(f"{dst}: is the source folder itself; export to another folder")
+    # The source may be neither the destination, nor inside it (the swap would delete it), nor
+    # hold it (the export would land inside the model it reads), whatever symlinks or relative
+    # spellings name them.
+    check_export_destination(dst, overwrite=overwrite, sources=[(f"folder {src}", src)])
     source_report = lineage.read_report(src)
-    model, _ = load_pretrained(src)
+    model, _, missing = load_pretrained_with_fresh_keys(src)
     do_lower_case = True
     tok_cfg = src / "tokenizer_config.json"
     if tok_cfg.is_file():
@@ -457,5 +507,38 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     vocab = src / "vocab.txt"
     if not vocab.is_file():
         raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
+    # A headless source (a BertModel: no MLM/NSP head) is exported as BertForPreTraining with
+    # heads initialised at random here; transformers cannot warn (the weights are present in
+    # the export), so the card says so.
+    sections = [fresh_heads_section(src, missing)] if missing else []
     return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
-                           overwrite=overwrite, privacy_report=source_report)
+                           overwrite=overwrite, privacy_report=source_report,
+                           card_sections=sections)
+
+
+def fresh_heads_section(src: str | os.PathLike, missing: Sequence[str]) -> str:
+    """The model card's note on heads that the source lacked and this export initialised at
+    random (`missing`: their HF keys)."""
+    heads = fresh_heads(missing)
+    outputs = {"the pooler": "the pooled output", "the MLM head": "the masked-LM predictions",
+               "the NSP head": "the next-sentence scores"}
+    meaningless = [v for k, v in outputs.items() if any(h.startswith(k) for h in heads)]
+    if any(h.startswith("the pooler") for h in heads) and \
+            "the next-sentence scores" not in meaningless:
+        meaningless.append("the next-sentence scores (computed from the pooled output)")
+    return "\n".join([
+        "## Freshly initialised heads",
+        "",
+        f"`{src}` has no weights for {_join(heads)}: this export initialised "
+        f"{'it' if len(heads) == 1 else 'them'} at random, so {_join(meaningless)} mean "
+        "nothing until the model is trained further. Every other weight (the encoder) is the "
+        "source's. `transformers` cannot warn about this when it loads this folder, since the "
+        "weights are present in it.",
+        "",
+        "Initialised fresh: " + ", ".join(f"`{k}`" for k in missing) + ".",
+    ])
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

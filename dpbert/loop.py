@@ -49,6 +49,7 @@ from flax import nnx
 
 from data_pipelines import datasets, fileio, tokenization
 from dpbert import checkpointing
+from dpbert import config_checks
 from dpbert import lineage as lineage_lib
 from dpbert import metrics as metrics_lib
 from dpbert import optimizers
@@ -153,6 +154,7 @@ def write_json(path: pathlib.Path, obj: Any) -> None:
 
 def validate(task: Task, config: ml_collections.ConfigDict) -> None:
     """The loop's own checks, the plan's and the task's; one ConfigError per problem."""
+    config_checks.check(config)  # seeds, canary repetitions, dχ's η: shared by every task
     for field in ("num_steps", "log_every"):
         if not config.train[field] > 0:
             raise ConfigError(f"config.train.{field}={config.train[field]!r}: must be > 0")
@@ -237,6 +239,13 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
     """Trains (or resumes) `task` as `config` says in `workdir`; returns the final privacy
     report (also written to WORKDIR/privacy_report.json). `devices` restricts the mesh."""
     validate(task, config)
+    # Not empty, not the current directory, not the starting model's folder: checked before
+    # anything (the lock, checkpoints/, data/) is written.
+    init_from = config.get("model", {}).get("init_from_hf") or ""
+    problem = fileio.output_folder_problem(
+        workdir, sources=[(f"config.model.init_from_hf={init_from}", init_from)])
+    if problem:
+        raise ConfigError(f"--workdir={workdir}: {problem}")
     workdir = pathlib.Path(workdir).absolute()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -362,6 +371,8 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
         _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
+    else:
+        _announce(_fresh_start_message(ckpt, damaged))
     # A damaged step is retrained from the one before; its remains would keep the new save
     # of that step from being written (a step that exists is not saved again).
     for step in sorted(s for s in damaged if s in ckpt.all_steps()):
@@ -519,11 +530,13 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
         if totals is not None and int(totals["params_finite"]) < steps_since * \
                 plan.calls_per_batch:
             saver.close()
+            newest = ckpt.latest_step()
+            kept = (f"The newest checkpoint (step {newest}) is intact." if newest is not None
+                    else "No checkpoint was saved before.")
             raise FloatingPointError(
                 f"the parameters became non-finite (NaN or inf) between steps {step - steps_since}"
-                f" and {step}; stopping without saving or exporting them. The newest checkpoint "
-                f"(step {ckpt.latest_step()}) is intact. Lower config.optimizer.learning_rate or "
-                "check the data and config.")
+                f" and {step}; stopping without saving or exporting them. {kept} Lower "
+                "config.optimizer.learning_rate or check the data and config.")
 
     with _Stop() as stop:
         try:
@@ -562,13 +575,20 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                 if data.eval is not None and config.train.eval_every and \
                         step % config.train.eval_every == 0 and step < plan.num_steps:
                     writer.write(step, evaluate(state.params))
-                if saving:
+                # The flag is read once here: a signal that arrived after `saving` was computed
+                # (during the log or eval above) still gets this step saved before it stops.
+                stopping = stop.signal
+                if saving or stopping:
                     saver.save(step, state)
-                if stop.signal:
-                    logging.warning("stopped by %s: checkpoint saved at step %d; rerun the same "
-                                    "command to resume", signal.Signals(stop.signal).name, step)
-                    saver.close()
-                    raise SystemExit(143 if stop.signal == signal.SIGTERM else 130)
+                if stopping:
+                    # "saved" only once it is true: close() waits for the asynchronous save of
+                    # THIS step to be committed and flushed to disk (a supervisor's SIGKILL may
+                    # follow the message at once), and raises if it is not on disk.
+                    saver.close(durable=True)
+                    logging.warning("stopped by %s: checkpoint of step %d saved (%s); rerun the "
+                                    "same command to resume", signal.Signals(stopping).name,
+                                    step, ckpt.directory / str(step))
+                    raise SystemExit(143 if stopping == signal.SIGTERM else 130)
         finally:
             del batches  # stops the reader thread
     by_budget = plan.max_steps_by_budget is not None and \
@@ -619,8 +639,9 @@ class _Saver:
                 "privacy_report": report})
         self.pending = (step, report)
 
-    def _flush(self) -> dict | None:
-        """Writes the pending report once its checkpoint is complete."""
+    def _flush(self, durable: bool = False) -> dict | None:
+        """Writes the pending report once its checkpoint is complete (with `durable`, once it
+        is also flushed to disk)."""
         if self.pending is None:
             return None
         self.ckpt.wait()
@@ -630,13 +651,30 @@ class _Saver:
             raise OSError(f"the checkpoint of step {step} was not written (disk full?); "
                           f"privacy_report.json stays at the newest intact checkpoint "
                           f"(step {self.ckpt.latest_step()})")
+        if durable:
+            self.ckpt.sync(step)
         write_json(self.workdir / REPORT_FILE, report)
         return report
 
-    def close(self) -> dict | None:
-        report = self._flush()
+    def close(self, durable: bool = False) -> dict | None:
+        """Waits for the pending save (`durable`: and fsyncs it), writes its report, closes."""
+        report = self._flush(durable)
         self.ckpt.close()
         return report
+
+
+def _fresh_start_message(ckpt, damaged: set[int]) -> str:
+    """What a run without a usable checkpoint says: that it starts at step 0, and why when the
+    folder is not empty (an unfinished save of a killed run, damaged steps)."""
+    unfinished = ckpt.unfinished_saves()
+    why = []
+    if unfinished:
+        why.append(f"unfinished save(s) {', '.join(unfinished)} of a run killed while saving "
+                   "are ignored")
+    if damaged:
+        why.append(f"damaged step(s) {sorted(damaged)}")
+    return (f"no checkpoint in {ckpt.directory}" + (f" ({'; '.join(why)})" if why else "")
+            + ": starting fresh at step 0")
 
 
 def _summary_line(step: int, report: dict, initial: dict, final: dict, by_budget: bool) -> str:
@@ -713,6 +751,12 @@ def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
     and that step's privacy report."""
     from dpbert import tasks  # noqa: PLC0415
 
+    # Not the workdir itself, nor a folder holding it (the export's swap would delete it);
+    # WORKDIR/hf, where training exports, is fine.
+    problem = fileio.path_problem(out, sources=[(f"workdir {workdir}", workdir)],
+                                  inside_sources_ok=True)
+    if problem:
+        raise ConfigError(f"{out}: {problem}")
     workdir = pathlib.Path(workdir)
     run_info, params, meta, step = load_saved_step(workdir, step)
     task = tasks.get_task(run_info.get("task", "pretraining"))

@@ -47,7 +47,10 @@ flags.mark_flags_as_required(["embeddings", "corpus", "out"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    problem = cli.check_output_dir(_OUT.value, "--out")
+    problem = (cli.check_input_path(_EMBEDDINGS.value, "--embeddings")
+               or cli.check_input_path(_CORPUS.value, "--corpus")
+               or cli.check_output_dir(_OUT.value, "--out", sources=[
+                   (f"--embeddings={_EMBEDDINGS.value}", _EMBEDDINGS.value)]))
     if problem:
         raise SystemExit(f"analyze_dchi: {problem}")
     import jax  # here, so that --help is instant

@@ -36,6 +36,18 @@ def main(argv):
     from dpbert import audit  # noqa: PLC0415
     from dpbert.errors import ConfigError  # noqa: PLC0415
 
+    # The arguments and the output folder before any work (run_audit checks them again): a
+    # confidence of 0 or an --out that is a file used to fail only after the training.
+    try:
+        audit.check_arguments(_M.value, _LENGTH.value, _SCORE.value, _CONFIDENCE.value,
+                              max_seq_length=_CONFIG.value.data.get("max_seq_length"),
+                              prefix="--")
+        audit.check_out_dir(_OUT.value, _CONFIG.value, flag="--out")
+    except ValueError as e:
+        cli.fail(NAME, str(e))
+    if _NUM_DEVICES.value is not None and not 1 <= _NUM_DEVICES.value <= jax.device_count():
+        cli.fail(NAME, f"--num_devices={_NUM_DEVICES.value}: must be in [1, "
+                       f"{jax.device_count()}] (the devices there are)")
     devices = jax.devices()[:_NUM_DEVICES.value] if _NUM_DEVICES.value else None
     try:
         res = audit.run_audit(_CONFIG.value, _OUT.value, m=_M.value, length=_LENGTH.value,

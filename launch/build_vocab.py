@@ -41,7 +41,8 @@ _NO_DP = flags.DEFINE_boolean("no_dp", False, "Build the NON-private vocabulary 
 _LOWER = flags.DEFINE_boolean("do_lower_case", True, "Uncased BERT normalisation "
                               "(lowercase + strip accents).")
 _SEED = flags.DEFINE_integer("seed", None, "Seed for bounding and noise: reproducible "
-                             "builds only; leave unset for a release (OS entropy).")
+                             "builds only; leave unset for a release (OS entropy).",
+                             lower_bound=0, upper_bound=2**32 - 1)
 _WORKERS = flags.DEFINE_integer("num_workers", min(os.cpu_count() or 1, 8),
                                 "Processes that count words.", lower_bound=1)
 _ACCOUNTING = flags.DEFINE_enum("accounting", "pld", list(dp_vocab.ACCOUNTING_MODES),
@@ -72,6 +73,10 @@ flags.mark_flags_as_required(["input", "vocab_size", "out"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    problem = (cli.check_input_path(_INPUT.value, "--input")
+               or cli.check_output_dir(_OUT.value, "--out"))
+    if problem:  # before the corpus is read: nothing is counted for an unusable --out
+        cli.fail("build_vocab", problem)
     dp = not _NO_DP.value
     if dp and (_EPSILON.value is None or _DELTA.value is None):
         raise app.UsageError("--epsilon and --delta are required (or pass --no_dp)")

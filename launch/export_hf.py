@@ -10,6 +10,9 @@ round-trips a HF BERT folder through dpbert (load into the Flax model, write it 
 
 --out must be absent or empty; --overwrite replaces a previous export there as a whole (written
 beside it, then swapped in: no file of the old export survives, and a failure keeps the old one).
+--out is never the source, a folder inside --from_hf, one holding the source, the current
+directory or empty. A source without MLM/NSP heads (a BertModel such as MiniLM) gets them
+initialised at random, and the model card says so.
 """
 
 from absl import app, flags
@@ -30,15 +33,27 @@ flags.mark_flag_as_required("out")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if bool(_FROM_HF.value) == bool(_WORKDIR.value):
+    given = [f for f in (_FROM_HF, _WORKDIR) if f.present]
+    if len(given) != 1:
         raise app.UsageError("give exactly one source: --workdir=DIR or --from_hf=DIR")
-    if _STEP.value is not None and not _WORKDIR.value:
+    source = given[0]
+    problem = cli.check_input_path(source.value, f"--{source.name}")
+    if problem:
+        raise app.UsageError(problem)
+    if _STEP.value is not None and not _WORKDIR.present:
         raise app.UsageError("--step applies to --workdir exports only")
+    # Checked before anything is loaded: a refusal costs no time and writes nothing. The export
+    # may not be (or hold) its source; a workdir's own WORKDIR/hf is fine.
+    sources = [(f"--{source.name}={source.value}", source.value)]
+    problem = cli.check_output_path(_OUT.value, "--out", sources=sources,
+                                    inside_sources_ok=source is _WORKDIR)
+    if problem:
+        raise SystemExit(f"export_hf: {problem}")
     from dpbert import hf  # here, so that --help is instant
 
     try:
-        # Checked before anything is loaded: a refusal costs no time and writes nothing.
-        hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value)
+        hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value, sources=sources,
+                                    inside_sources_ok=source is _WORKDIR)
         if _WORKDIR.value:
             from dpbert import loop
             out = loop.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)

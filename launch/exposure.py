@@ -39,7 +39,21 @@ def main(argv):
     labels = list(_LABELS.value) or [pathlib.Path(w).name for w in workdirs]
     if len(labels) != len(workdirs) or len(set(labels)) != len(labels):
         raise app.UsageError(f"--labels needs {len(workdirs)} distinct labels, got {labels}")
-    out = pathlib.Path(_OUT.value or os.path.join(_WORKDIR.value, "exposure"))
+    for flag, value in [("--workdir", _WORKDIR.value)] + [("--compare", w)
+                                                          for w in _COMPARE.value]:
+        problem = cli.check_input_path(value, flag)
+        if problem:
+            raise app.UsageError(problem)
+    out_flag = "--out" if _OUT.present else "--out (default WORKDIR/exposure)"
+    out_value = _OUT.value if _OUT.present else os.path.join(_WORKDIR.value, "exposure")
+    # Checked before any model is loaded. The default WORKDIR/exposure lies inside a workdir,
+    # which is fine; a workdir itself (or a folder holding one) is not.
+    problem = cli.check_output_dir(out_value, out_flag, sources=[
+        (f"--workdir={w}" if i == 0 else f"--compare={w}", w) for i, w in enumerate(workdirs)],
+        inside_sources_ok=True)
+    if problem:
+        cli.fail("exposure", problem)
+    out = pathlib.Path(out_value)
     runs = []
     try:
         for i, (w, label) in enumerate(zip(workdirs, labels)):

@@ -31,7 +31,10 @@ NAME = "finetune"
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    problem = cli.check_output_dir(_WORKDIR.value, "--workdir")
+    init_from = _CONFIG.value.model.get("init_from_hf") or ""
+    problem = (cli.check_output_dir(_WORKDIR.value, "--workdir", sources=[
+        (f"config.model.init_from_hf={init_from}", init_from)])
+        or cli.check_config_inputs(_CONFIG.value))
     if problem:
         cli.fail(NAME, problem)
     if not flags.FLAGS["verbosity"].present:  # progress lines are printed; INFO would repeat them

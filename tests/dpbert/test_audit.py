@@ -139,3 +139,46 @@ def test_audit_canaries_and_membership_score(notes_vocab):
     lp = exposure.masked_log_probs(graphdef, params, exposure.canary_inputs(few, tok.special, 16),
                                    batch_size=256)
     np.testing.assert_allclose(secret, lp[np.arange(3), [c.secret_id for c in few]], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- issue 35
+
+
+def test_arguments_and_out_are_checked_before_any_work(tmp_path):
+    """A confidence <= 0 hung until after training; --out= a file failed after 28 s of work;
+    an unbounded m would never finish drawing canaries. Now each is one error naming it, and
+    OUT stays as it was."""
+    from configs import demo_dp
+
+    config = demo_dp.get_config()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    out = tmp_path / "out"
+    cases = [(dict(confidence=0.0), r"^confidence=0\.0: must be a number in \(0, 1\)"),
+             (dict(confidence=1.5), r"^confidence=1\.5"),
+             (dict(m=10**9), r"^m=1000000000: the number of audit canaries must be an integer "
+                             r"in \[2, 100000\]"),
+             (dict(length=100), r"^length=100: .* \[2, 61\] \(data\.max_seq_length=64"),
+             (dict(score="loss"), r"^score='loss': must be one of")]
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            audit.run_audit(config, out, **kwargs)
+    with pytest.raises(ValueError, match=r"^out=.*a_file: is a file, not a folder"):
+        audit.run_audit(config, a_file)
+    with pytest.raises(ValueError, match=r"^out=: is empty"):
+        audit.run_audit(config, "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
+def test_too_few_secret_candidates_says_what_to_change(tmp_path):
+    """The small settings (48 notes, DP vocabulary) learn no whole word: the message names the
+    fields to change, and the useless vocabulary is removed so that the rerun builds anew."""
+    from tests.dpbert.test_train import small_config
+
+    config = small_config(tmp_path / "cache", **{"vocab.seed": None})
+    with pytest.raises(ValueError, match=r"0 secret candidate\(s\) .* train on more text "
+                                         r"\(config\.data\.synthetic_num_notes=48 notes now\), "
+                                         r"a larger config\.vocab\.epsilon \(now 2\.0\)"):
+        audit.run_audit(config, tmp_path / "out", m=16)
+    assert not (tmp_path / "out" / "train" / "vocab").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train"]  # no private/

@@ -99,3 +99,53 @@ def test_none_unsets_a_field_but_is_a_value_of_a_string_field():
         assert "modee" in str(e)
     else:
         raise AssertionError("an unknown field must be an error")
+
+
+def test_degenerate_output_paths_are_refused(tmp_path, monkeypatch):
+    """Issue 35: an empty path meant the current directory (finetune --workdir= wrote a whole
+    workdir there); the current directory, a folder holding it, and an output that is, lies in
+    or holds a source are refused by one helper, whatever spelling or symlink names them."""
+    from data_pipelines import fileio
+
+    here = tmp_path / "runs" / "here"
+    here.mkdir(parents=True)
+    src = tmp_path / "models" / "model"
+    src.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(src)
+    monkeypatch.chdir(here)
+    check = cli.check_output_dir
+    assert check("", "--workdir").startswith("--workdir=: is empty (an empty path would mean "
+                                              "the current directory)")
+    for spelling in (".", "./", str(here), "../here"):
+        assert "is the current directory" in check(spelling, "--out"), spelling
+    for spelling in ("..", str(tmp_path), "/"):
+        assert "contains the current directory" in check(spelling, "--out"), spelling
+    sources = [("--from_hf=model", str(src))]
+    assert check(str(tmp_path / "link"), "--out", sources=sources) == (
+        f"--out={tmp_path / 'link'}: is the source --from_hf=model itself; write to another "
+        "folder")
+    assert "is inside the source --from_hf=model" in check(str(src / "x"), "--out",
+                                                           sources=sources)
+    assert check(str(src / "x"), "--out", sources=sources, inside_sources_ok=True) is None
+    assert "contains the source --from_hf=model" in fileio.path_problem(
+        tmp_path / "models", sources=[("--from_hf=model", tmp_path / "link")])
+    assert check(str(tmp_path / "new"), "--out", sources=sources) is None
+    assert fileio.output_folder_problem(pathlib.Path(".")).startswith("is the current directory")
+    assert check("gs://bucket/run", "--workdir", sources=sources) is None
+    assert not os.listdir(here)
+
+
+def test_fifos_and_empty_inputs_are_named(tmp_path):
+    """A FIFO was 'not found' (it is not a regular file); an empty input path is refused."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert cli.check_input_path(str(fifo), "--corpus") == (
+        f"--corpus={fifo}: is a named pipe (FIFO), not a regular file; write its content to a "
+        "file first (it is read more than once)")
+    assert cli.check_input_path("", "--embeddings") == "--embeddings= is empty; give a path"
+    assert cli.check_input_path(str(tmp_path / "missing"), "--corpus") is None  # the reader says
+    from configs import finetune_classification
+    config = finetune_classification.get_config()
+    assert cli.check_config_inputs(config) is None
+    config.data.eval = str(fifo)
+    assert cli.check_config_inputs(config).startswith(f"config.data.eval={fifo}: is a named pipe")

@@ -367,7 +367,8 @@ def test_export_cli_on_minilm(minilm_dir, tmp_path):
 
 
 def test_export_cli_reports_bad_source(tmp_path):
-    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={tmp_path}",
+    (tmp_path / "src").mkdir()
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--from_hf={tmp_path / 'src'}",
                    f"--out={tmp_path / 'o'}")
     assert proc.returncode != 0
     assert "config.json: missing" in proc.stderr
@@ -385,3 +386,47 @@ def test_export_cli_refuses_a_non_empty_out_in_one_line(hf_folder, tmp_path):
         "(e.g. a stale tokenizer.json); choose an empty or new folder, or pass --overwrite to "
         "replace a previous export"]
     assert [p.name for p in out.iterdir()] == ["tokenizer.json"]
+
+
+# --------------------------------------------------------------------------- issue 35: sources
+
+
+def test_export_never_replaces_holds_or_lands_in_its_source(hf_folder, tmp_path, monkeypatch):
+    """--from_hf=X --out=X --overwrite replaced X (and lost a tokenizer file); now X, a
+    symlink or relative spelling of X, a folder inside X and a folder holding X are refused
+    before anything is loaded or written, and X is byte-identical afterwards."""
+    folder, _ = hf_folder
+    src = tmp_path / "models" / "src"
+    shutil.copytree(folder, src)
+    (src / "tokenizer.json").write_text("{}")   # a file the export does not write
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    (tmp_path / "link").symlink_to(src)
+    monkeypatch.chdir(tmp_path)
+    cases = {src: "is the source folder", tmp_path / "link": "is the source folder",
+             "models/src": "is the source folder", "./models/../models/src/":
+             "is the source folder",
+             src / "sub": "is inside the source folder",
+             tmp_path / "models": "contains the source folder",
+             "": "is empty", ".": "is the current directory"}
+    for dst, message in cases.items():
+        with pytest.raises(hf.ExportError, match=message):
+            hf.export_from_hf(src, dst, overwrite=True)
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["src"]
+
+
+def test_headless_export_card_names_the_fresh_heads(tmp_path):
+    """A BertModel (no MLM/NSP head) exported as BertForPreTraining: the card says which heads
+    were initialised at random (transformers cannot warn: the weights are present)."""
+    torch.manual_seed(2)
+    transformers.BertModel(tiny_hf_config()).eval().save_pretrained(tmp_path / "headless")
+    write_vocab(tmp_path / "headless", 211)
+    out = hf.export_from_hf(tmp_path / "headless", tmp_path / "out")
+    card = (out / "README.md").read_text()
+    assert "## Freshly initialised heads" in card
+    assert "the MLM head (cls.predictions.*) and the NSP head (cls.seq_relationship.*)" in card
+    assert "`cls.seq_relationship.weight`" in card and "bert.pooler" not in card
+    # A complete BertForPreTraining folder has no such section; its round trip is exact.
+    again = hf.export_from_hf(out, tmp_path / "again")
+    assert "Freshly initialised" not in (again / "README.md").read_text()
+    assert hf.fresh_heads(["bert.pooler.dense.weight"]) == ["the pooler (bert.pooler.*)"]

@@ -189,3 +189,41 @@ def test_a_damaged_checkpoint_is_reported_once(monkeypatch):
         sys.unraisablehook(other)
     assert seen == [other] and sys.unraisablehook == seen.append
     assert checkpointing.first_line(echo.exc_value) == str(echo.exc_value).splitlines()[0]
+
+
+def test_a_stopping_run_says_saved_only_once_the_save_is_on_disk(tmp_path, monkeypatch):
+    """Issue 35: 'stopped by SIGTERM: checkpoint saved' was logged before the asynchronous save
+    finished, so a kill right after it left only N.orbax-checkpoint-tmp and the rerun started
+    from step 0. close(durable=True), which the stop path calls before it logs, returns only
+    once the step is committed and every one of its files fsynced."""
+    synced, real_fsync = [], os.fsync
+
+    def fsync(fd):  # records which file or folder was flushed
+        if os.path.exists("/proc/self/fd"):
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ckpt = checkpointing.Checkpointer(tmp_path / "checkpoints", async_save=True)
+    saver = loop._Saver(ckpt, tmp_path, {}, True, data_hash="h", run_hash="r", task_key=[0, 0],
+                        plan=type("P", (), {"ledger": None})(),
+                        sampler=type("S", (), {"state_dict": lambda self: {}})(),
+                        report_at=lambda step, by_budget=False: {"steps": step})
+    saver.save(3, {"w": jnp.arange(1000.0)})
+    saver.close(durable=True)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["3"]
+    files = [str(p) for p in (tmp_path / "checkpoints" / "3").rglob("*") if p.is_file()]
+    if os.path.exists("/proc/self/fd"):
+        assert files and set(files) <= set(synced)
+        assert str(tmp_path / "checkpoints") in synced
+    assert json.loads((tmp_path / "privacy_report.json").read_text())["steps"] == 3
+    # A run killed while saving leaves a temporary folder: the next run says it starts fresh.
+    (tmp_path / "checkpoints" / "5.orbax-checkpoint-tmp").mkdir()
+    (tmp_path / "checkpoints" / "3").rename(tmp_path / "old")
+    fresh = checkpointing.Checkpointer(tmp_path / "checkpoints", async_save=False)
+    assert loop._fresh_start_message(fresh, set()) == (
+        f"no checkpoint in {tmp_path / 'checkpoints'} (unfinished save(s) "
+        "5.orbax-checkpoint-tmp of a run killed while saving are ignored): starting fresh at "
+        "step 0")
+    fresh.close()

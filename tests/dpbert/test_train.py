@@ -446,6 +446,58 @@ def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_under_load_says_saved_only_once_it_is_and_the_rerun_resumes_there(cache_dir,
+                                                                                   tmp_path):
+    """Issue 35: under heavy load a run printed 'stopped by SIGTERM: checkpoint saved at step
+    N', yet its checkpoint folder held only N.orbax-checkpoint-tmp and the rerun started from
+    step 0 (the message came before the asynchronous save was done; a supervisor's SIGKILL
+    right after it lost the save). A CPU hog loads the machine, SIGTERM arrives during the
+    run, and the process is killed the moment it says 'saved': the step must be on disk and
+    the rerun must resume from it."""
+    import re  # noqa: PLC0415
+
+    workdir = tmp_path / "w"
+    overrides = {"train.num_steps": 400, "train.log_every": 1, "train.eval_every": 0,
+                 "checkpoint.every_steps": 0, "checkpoint.async_save": True,
+                 "train.export_hf": False}
+    flags = [f"--config.{k}={v}" for k, v in overrides.items()]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
+    lines = []
+    try:
+        proc = subprocess.Popen([sys.executable, *map(str, cli_train_args(workdir, cache_dir,
+                                                                          flags))],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step 2/"):
+                proc.send_signal(signal.SIGTERM)
+            if "stopped by SIGTERM" in line:
+                proc.kill()  # what a supervisor does when its grace period is over
+                break
+        proc.wait(timeout=300)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    out = "".join(lines)
+    assert f"no checkpoint in {workdir / 'checkpoints'}: starting fresh at step 0" in out, out
+    m = re.search(r"stopped by SIGTERM: checkpoint of step (\d+) saved", out)
+    assert m, out[-3000:]
+    step = int(m.group(1))
+    assert step >= 2
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [str(step)]
+    # The rerun resumes at that step (one more step, then done).
+    rerun = run_cli(*cli_train_args(workdir, cache_dir,
+                                    flags + [f"--config.train.num_steps={step + 1}"]))
+    text, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, text[-3000:]
+    assert f"resumed from {workdir / 'checkpoints' / str(step)} at step {step}" in text
+    assert final_params(workdir)[1] == step + 1
+
+
+@pytest.mark.slow
 def test_secret_randomness_differs_between_runs_of_the_same_command(cache_dir, tmp_path):
     # At least two steps: the learning rate of the first (warm-up) step is 0 (3, to share the
     # compiled step of the other 3-step runs).

@@ -32,7 +32,7 @@ def test_finetune_launcher_help_and_one_line_errors(tmp_path):
         "eta": [cfg("eta", **{"privacy.mode": "text_to_text", "privacy.eta": 0.0}), w],
         "label": [cfg("label", **{"data.eval": str(bad_label)}), w],
         "missing": [cfg("missing", **{"data.eval": str(tmp_path / "nope.tsv")}), w],
-        "ckpt": [cfg("ckpt", **{"model.init_from_hf": str(tmp_path)}), w],
+        "ckpt": [cfg("ckpt", **{"model.init_from_hf": str(tmp_path / "data")}), w],
         "ghost": [cfg("ghost", **{"dp.enabled": True, "dp.clipping": "ghost_embedding",
                                   "privacy.mode": "seq_rep"}), w],
         "workdir": [cfg("workdir"), f"--workdir={train}"],

@@ -196,13 +196,15 @@ def test_export_and_analyze_launchers(tmp_path):
     full.mkdir()
     (full / "notes.txt").write_text("mine")
     ro = read_only_dir(tmp_path)
+    src = tmp_path / "src"  # not a model: every case is refused before it is read
+    src.mkdir()
     cases = {
         "help": ["--help"],
         "no source": [f"--out={tmp_path / 'o'}"],
-        "out file": [f"--from_hf={tmp_path}", f"--out={a_file}"],
-        "out non-empty": [f"--from_hf={tmp_path}", f"--out={full}"],
-        "overwrite non-model": [f"--from_hf={tmp_path}", f"--out={full}", "--overwrite"],
-        "out ro": [f"--from_hf={tmp_path}", f"--out={ro}"],
+        "out file": [f"--from_hf={src}", f"--out={a_file}"],
+        "out non-empty": [f"--from_hf={src}", f"--out={full}"],
+        "overwrite non-model": [f"--from_hf={src}", f"--out={full}", "--overwrite"],
+        "out ro": [f"--from_hf={src}", f"--out={ro}"],
         "negative step": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}", "--step=-1"],
         "not a workdir": [f"--workdir={tmp_path}", f"--out={tmp_path / 'o'}"],
     }
@@ -225,7 +227,7 @@ def test_export_and_analyze_launchers(tmp_path):
         "help": ["--help"],
         "out file": ["--embeddings=x", "--corpus=y", f"--out={a_file}"],
         "no corpus": ["--embeddings=x", f"--out={tmp_path / 'a'}"],
-        "bad eta": [f"--embeddings={tmp_path}", "--corpus=y", "--eta=abc",
+        "bad eta": [f"--embeddings={src}", "--corpus=y", "--eta=abc",
                     f"--out={tmp_path / 'a'}"],
     }
     res = dict(zip(cases, drive("analyze_dchi.py", "analyze_dchi", list(cases.values()))))
@@ -305,3 +307,135 @@ def test_audit_and_exposure_launchers(tmp_path):
     for key, part in expect.items():
         assert one_error_line(res[key]).startswith("exposure: error: ")
         assert part in one_error_line(res[key]), (key, res[key])
+
+
+def test_degenerate_paths_and_broken_config_files_are_one_line(tmp_path):
+    """Issue 35: an empty path (the current directory), `.`, an output that is or lies in its
+    source, a FIFO input, a config file that fails to import or returns the wrong type, and
+    arguments checked only after the work: each is one line naming the flag, field or file,
+    and nothing is written (the launchers run in the checkout: nothing new appears there)."""
+    before = sorted(os.listdir(REPO))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    model = tmp_path / "model"   # a (tiny) Hugging Face folder: config.json is all that is read
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    configs = {
+        "syntax": "def get_config(:\n    pass\n",
+        "raises": "def get_config():\n    raise RuntimeError('boom')\n",
+        "dict": "def get_config():\n    return {'a': 1}\n",
+        "none": "def get_config():\n    return None\n",
+        "import": "import no_such_module\n",
+        "inside": "from configs import demo_dp\n\n\ndef get_config():\n    c = demo_dp.get_config()"
+                  f"\n    c.model.init_from_hf = {str(model)!r}\n    return c\n",
+        "seed": "from configs import demo_dp\n\n\ndef get_config():\n    c = demo_dp.get_config()"
+                "\n    c.vocab.seed = -1\n    return c\n",
+    }
+    for name, text in configs.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    w = f"--workdir={tmp_path / 'w'}"
+    train = {
+        "syntax": [f"--config={tmp_path / 'syntax.py'}", w],
+        "raises": [f"--config={tmp_path / 'raises.py'}", w],
+        "dict": [f"--config={tmp_path / 'dict.py'}", w],
+        "none": [f"--config={tmp_path / 'none.py'}", w],
+        "import": [f"--config={tmp_path / 'import.py'}", w],
+        "fifo config": [f"--config={fifo}", w],
+        "empty workdir": ["--config=configs/demo_dp.py", "--workdir="],
+        "dot workdir": ["--config=configs/demo_dp.py", "--workdir=."],
+        "inside model": [f"--config={tmp_path / 'inside.py'}", f"--workdir={model / 'w'}"],
+        "seed": [f"--config={tmp_path / 'seed.py'}", w],
+    }
+    res = dict(zip(train, drive("train.py", "train", list(train.values()))))
+    expect = {
+        "syntax": f"train: error: --config={tmp_path / 'syntax.py'}: {tmp_path / 'syntax.py'}, "
+                  "line 1: SyntaxError: invalid syntax (the config file cannot be imported)",
+        "raises": f"train: error: --config={tmp_path / 'raises.py'}: get_config() raised "
+                  f"RuntimeError: boom ({tmp_path / 'raises.py'}, line 2)",
+        "dict": f"train: error: --config={tmp_path / 'dict.py'}: get_config() returned a dict, "
+                "not an ml_collections.ConfigDict",
+        "none": f"train: error: --config={tmp_path / 'none.py'}: get_config() returned None",
+        "import": f"train: error: --config={tmp_path / 'import.py'}: importing it raised "
+                  "ModuleNotFoundError: No module named 'no_such_module' "
+                  f"({tmp_path / 'import.py'}, line 1)",
+        "fifo config": f"train: error: --config={fifo}: {fifo} is a named pipe (FIFO)",
+        "empty workdir": "train: --workdir=: is empty (an empty path would mean the current "
+                         "directory)",
+        "dot workdir": "train: --workdir=.: is the current directory",
+        "inside model": f"train: --workdir={model / 'w'}: is inside the source "
+                        f"config.model.init_from_hf={model}",
+        "seed": "train: config.vocab.seed=-1: a seed must be an integer in [0, 4294967295]",
+    }
+    for key, start in expect.items():
+        assert one_error_line(res[key]).startswith(start), (key, res[key])
+
+    src = f"--from_hf={model}"
+    cases = {
+        "finetune empty": ("finetune.py", "finetune",
+                           ["--config=configs/finetune_classification.py", "--workdir="]),
+        "vocab empty out": ("build_vocab.py", "build_vocab",
+                            [f"--input={a_file}", "--vocab_size=2000", "--no_dp", "--out="]),
+        "vocab fifo": ("build_vocab.py", "build_vocab",
+                       [f"--input={fifo}", "--vocab_size=2000", "--no_dp", "--out=x"]),
+        "vocab seed": ("build_vocab.py", "build_vocab",
+                       [f"--input={a_file}", "--vocab_size=2000", "--no_dp", "--seed=-1",
+                        "--out=x"]),
+        "export empty": ("export_hf.py", "export_hf", [src, "--out="]),
+        "export onto source": ("export_hf.py", "export_hf", [src, f"--out={model}",
+                                                             "--overwrite"]),
+        "export inside": ("export_hf.py", "export_hf", [src, f"--out={model / 'sub'}"]),
+        "dchi gpt2": ("analyze_dchi.py", "analyze_dchi", [f"--embeddings={gpt2}",
+                                                          f"--corpus={a_file}",
+                                                          f"--out={tmp_path / 'a'}"]),
+        "dchi fifo": ("analyze_dchi.py", "analyze_dchi", [f"--embeddings={model}",
+                                                          f"--corpus={fifo}",
+                                                          f"--out={tmp_path / 'a'}"]),
+        "dchi inside": ("analyze_dchi.py", "analyze_dchi", [f"--embeddings={model}",
+                                                            f"--corpus={a_file}",
+                                                            f"--out={model / 'a'}"]),
+        "audit file": ("audit.py", "audit", ["--config=configs/demo_dp.py", f"--out={a_file}"]),
+        "audit confidence": ("audit.py", "audit", ["--config=configs/demo_dp.py", "--out=o",
+                                                   "--confidence=0"]),
+        "audit m": ("audit.py", "audit", ["--config=configs/demo_dp.py", "--out=o",
+                                          "--m=1000000000"]),
+        "exposure out": ("exposure.py", "exposure", [f"--workdir={model}", f"--out={model}"]),
+        "exposure empty": ("exposure.py", "exposure", ["--workdir="]),
+    }
+    by_launcher = {}
+    for key, (script, name, args) in cases.items():
+        by_launcher.setdefault((script, name), []).append((key, args))
+    for (script, name), items in by_launcher.items():
+        for (key, _), r in zip(items, drive(script, name, [a for _, a in items])):
+            res[key] = r
+    expect = {
+        "finetune empty": "finetune: error: --workdir=: is empty",
+        "vocab empty out": "build_vocab: error: --out=: is empty",
+        "vocab fifo": f"build_vocab: error: --input={fifo}: is a named pipe (FIFO)",
+        "vocab seed": "build_vocab: error: flag --seed=-1: -1 is not an integer in the range "
+                      "[0, 4294967295]",
+        "export empty": "export_hf: --out=: is empty",
+        "export onto source": f"export_hf: --out={model}: is the source {src} itself",
+        "export inside": f"export_hf: --out={model / 'sub'}: is inside the source {src}",
+        "dchi gpt2": f"analyze_dchi: --embeddings: {gpt2 / 'config.json'}: key 'model_type' is "
+                     "'gpt2'; dpbert reads BERT checkpoints only",
+        "dchi fifo": f"analyze_dchi: --corpus={fifo}: is a named pipe (FIFO)",
+        "dchi inside": f"analyze_dchi: --out={model / 'a'}: is inside the source "
+                       f"--embeddings={model}",
+        "audit file": f"audit: error: --out={a_file}: is a file, not a folder",
+        "audit confidence": "audit: error: --confidence=0.0: must be a number in (0, 1)",
+        "audit m": "audit: error: --m=1000000000: the number of audit canaries must be an "
+                   "integer in [2, 100000]",
+        "exposure out": f"exposure: error: --out={model}: is the source --workdir={model} "
+                        "itself",
+        "exposure empty": "exposure: error: --workdir= is empty; give a path",
+    }
+    for key, start in expect.items():
+        assert one_error_line(res[key]).startswith(start), (key, res[key])
+    assert sorted(os.listdir(REPO)) == before
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+    assert not (tmp_path / "w").exists() and not (tmp_path / "a").exists()
