@@ -221,8 +221,9 @@ def vocabulary_part(vocab_report: Mapping[str, Any] | None, origin: str,
                 epsilon=float(guarantee.epsilon), delta=float(guarantee.delta),
                 private=bool(part.get("secret_randomness", True)))
     if not part["private"]:
-        part["why"] = ("the vocabulary's noise was derived from a public seed (vocab.seed set; "
-                       "build it with vocab.seed=None for a release)")
+        part["why"] = ("the vocabulary's noise was derived from a public seed (vocab.seed set, "
+                       "or --seed of launch/build_vocab.py); rebuild it from OS entropy for a "
+                       "release (vocab.seed=None in a pretraining run, no --seed)")
     return part
 
 

@@ -148,7 +148,8 @@ def bounded_discretization(sigma_eff: float, q: float, num_examples: int,
             f"privacy loss spans {width:.3g} nats (a PLD grid coarser than "
             f"{MAX_PLD_DISCRETIZATION:g} nat per point would be needed); such a run has an "
             "astronomically large epsilon, i.e. no meaningful privacy. Raise the noise "
-            "multiplier (or lower the target epsilon)")
+            "multiplier (config.dp.noise_multiplier, --noise_multiplier) or lower the target "
+            "epsilon (config.dp.target_epsilon, --target_epsilon)")
     if steps > 1 and width / discretization * steps > MAX_PLD_POINTS_COMPOSED:
         probe = min(MAX_PLD_DISCRETIZATION, max(discretization, width / _PLD_PROBE_POINTS))
         composed = 0.0
