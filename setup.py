@@ -33,7 +33,7 @@ TEST_REQUIRES = [
     # other torch requirement resolves to a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers>=5,<6",
-    # The reference implementation the entity-level F1 of dpbert.ner_metrics is tested against.
+    # The reference implementation the entity-level F1 of data_pipelines.ner_metrics is tested against.
     "seqeval>=1.2.2,<1.3",
 ]
 

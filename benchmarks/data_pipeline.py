@@ -6,7 +6,7 @@ r"""Benchmark: input-pipeline throughput vs. what a tiny-BERT DP training step c
 2. Online throughput at ``max_seq_length=128``, ``max_predictions_per_seq=20``, batch B:
    * ``get_batch`` on random indices (the path every training batch takes, one thread).
 3. A tiny-BERT (2 layers, hidden 128, vocab 30,522) DP-SGD step on the same machine: per-example
-   gradients (``jax.vmap`` of the per-example loss of ``dpbert.losses``), clipping + Gaussian
+   gradients (``jax.vmap`` of the per-example loss of ``dpbert.models.losses``), clipping + Gaussian
    noise (``optax.contrib.differentially_private_aggregate``), AdamW; examples/s after
    compilation.
 4. The pipeline feeding the step live (``prefetch``, grain, as the trainer uses it):
@@ -91,7 +91,9 @@ def _dp_step(vocab_size: int, batch: int):
     import optax  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415
 
-    from dpbert import losses, model  # noqa: PLC0415
+    from dpbert.models import losses  # noqa: PLC0415
+
+    from dpbert.models import bert as model  # noqa: PLC0415
 
     cfg = model.BertConfig.preset("tiny", vocab_size=vocab_size)
     net = model.BertForPreTraining(cfg, rngs=nnx.Rngs(0))

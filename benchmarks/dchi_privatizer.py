@@ -49,7 +49,7 @@ SECTION = "## dχ privatization"
 def load_phi() -> tuple[Any, list[str], str]:
     import numpy as np
 
-    from dpbert import dchi
+    from dpbert.privacy import dchi
 
     folder = _EMBEDDINGS.value
     if folder is None:
@@ -71,7 +71,7 @@ def host_batch(vocab: list[str], batch: int, seq: int, pred: int, seed: int = 0)
     """Host-masked examples as the data pipeline produces them (80/10/10 masking)."""
     import numpy as np
 
-    from dpbert import dchi
+    from dpbert.privacy import dchi
 
     rng = np.random.default_rng(seed)
     special = dchi.special_token_mask(vocab)
@@ -100,8 +100,8 @@ def make_train_step(vocab_size: int):
     import jax.numpy as jnp
     from flax import nnx
 
-    from dpbert import losses
-    from dpbert import model as model_lib
+    from dpbert.models import losses
+    from dpbert.models import bert as model_lib
 
     config = model_lib.BertConfig.preset("tiny", vocab_size)
     graphdef, params = nnx.split(model_lib.create_model(config))
@@ -159,7 +159,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax
 
-    from dpbert import dchi
+    from dpbert.privacy import dchi
 
     table, vocab, phi_name = load_phi()
     special = dchi.special_token_mask(vocab)

@@ -22,7 +22,7 @@ device count (fake CPU devices, a data-parallel mesh; or the real devices with -
 
 `--task=classification` benchmarks the fine-tuning step instead (sentence classification with
 2 labels, the loss of `launch/finetune.py`; the ghost clippers take
-`dpbert.task_losses.FactoredClassificationLoss`, the default clipper is what
+`dpbert.tasks.task_losses.FactoredClassificationLoss`, the default clipper is what
 dp.clipping="auto" gives a classification run in mode none); `--models=minilm` is
 MiniLM-L6-H384's shape (6 layers, hidden 384, 12 heads), the checkpoint the fine-tuning
 benchmarks use.
@@ -100,8 +100,11 @@ from configs import common as common_config  # noqa: E402
 from configs import finetune_classification  # noqa: E402
 from dpbert.tasks import classification as classification_task  # noqa: E402
 from dpbert.tasks import pretraining as pretraining_task  # noqa: E402
-from dpbert import heads, losses, sharding, task_losses  # noqa: E402
-from dpbert import model as model_lib  # noqa: E402
+from dpbert.models import heads  # noqa: E402
+from dpbert.models import losses  # noqa: E402
+from dpbert.runtime import sharding  # noqa: E402
+from dpbert.tasks import task_losses  # noqa: E402
+from dpbert.models import bert as model_lib  # noqa: E402
 from dpbert.dp import accounting, accumulation, calibration, clipping  # noqa: E402
 from dpbert.dp import mixed_ghost, noise  # noqa: E402
 
@@ -268,7 +271,7 @@ class Bench:
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size, num_shards=self.devices)
         clip, factored = make_clipper(clipper, config, trainable)
-        # As the trainer does (dpbert.loop): a replicated parameter's noise is added to each
+        # As the trainer does (dpbert.runtime.loop): a replicated parameter's noise is added to each
         # device's slice of the sum (--noise_draw=replicated: drawn whole on every device).
         layouts = (sharding.noise_layouts(self.p_sh, self.params)
                    if (noise_draw or _NOISE_DRAW.value) == "spread" else None)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 import bench_report  # benchmarks/bench_report.py (the script's folder is on sys.path)
 
-from dpbert import model as model_lib
+from dpbert.models import bert as model_lib
 
 _BATCH = flags.DEFINE_integer("batch", 32, "Examples per batch.")
 _SEQ = flags.DEFINE_integer("seq", 128, "Sequence length (S).")

@@ -5,7 +5,7 @@ r"""What a tiny BERT leaks, with and without DP: secret-sharer exposure and the 
 Two training runs of the same tiny config (synthetic notes, a fixed word vocabulary, equal
 steps, batch and learning rate), one non-private and one DP-SGD with σ calibrated to
 --epsilon, each with exposure canaries (forms HS, HSH, HHSHH; repetitions 0 = never planted,
-1, 10, 100) and m one-run audit canaries planted (dpbert.audit.run_audit). Reports held-out MLM
+1, 10, 100) and m one-run audit canaries planted (dpbert.leakage.audit.run_audit). Reports held-out MLM
 accuracy, exposure mean ± sd per repetition count (pooled over forms), the checks of
 FINETUNE_SPEC §4 (non-DP exposure rises with repetitions: Spearman; DP below non-DP at the top
 count: Mann-Whitney; DP within the floor's noise), and the audit's lower bound next to the
@@ -92,7 +92,9 @@ def main(argv):
     import numpy as np  # noqa: PLC0415
     from scipy import stats  # noqa: PLC0415
 
-    from dpbert import audit, exposure  # noqa: PLC0415
+    from dpbert.leakage import audit  # noqa: PLC0415
+
+    from dpbert.leakage import exposure  # noqa: PLC0415
 
     out = pathlib.Path(_OUT.value)
     vocab = word_vocab(out / "vocab")

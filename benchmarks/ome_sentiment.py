@@ -78,7 +78,7 @@ ENCODER_ORDER = ("minilm_mean", "minilm", "static50")
 
 def mechanisms(r: int) -> list[tuple[str, dict, object]]:
     """(family, params, mechanism-or-None) rows for width r."""
-    from dpbert import ome
+    from dpbert.privacy import ome
     rows = [("npnn", {}, None)]
     for lam in map(float, _LAMBDAS.value):
         for eps in map(float, _EPSILONS.value):
@@ -103,7 +103,7 @@ def chance_level(labels) -> float:
 
 
 def clean_encoding(mech, v):
-    from dpbert import ome
+    from dpbert.privacy import ome
     if isinstance(mech, ome.UnaryEncoding):
         return ome.unary_encode(v, mech.levels, mech.value_range)
     return ome.encode(v, mech.m, mech.n)
@@ -170,7 +170,9 @@ def run_dataset(dataset: str, encoder: str, cache: pathlib.Path, results: dict) 
     import jax
     import numpy as np
 
-    from dpbert import attacks, ome
+    from dpbert.privacy import attacks
+
+    from dpbert.privacy import ome
 
     tr = sentiment_data.features(dataset, "train", cache)
     dv = sentiment_data.features(dataset, "dev", cache)
@@ -396,7 +398,7 @@ def main(argv):
         f"1e-6, batch 32, **{_EPOCHS.value} epochs** (the paper: 50, cut for CPU time), "
         f"{_SEEDS.value} seeds (init, shuffling and randomization of train AND dev), mean ± sd "
         f"of dev accuracy. **ε claimed** = the paper's Theorem 1 parameter, **ε true** = the "
-        f"exact worst case over inputs (`dpbert.ome`, FINETUNE_SPEC §3.2). SUE/OUE: Δf = 2r, "
+        f"exact worst case over inputs (`dpbert.privacy.ome`, FINETUNE_SPEC §3.2). SUE/OUE: Δf = 2r, "
         f"{_UE_LEVELS.value} bins on [−4, 4]. Attack: the eavesdropper knows the train "
         f"sentences and their clean encodings, sees one randomized report per sentence, answers "
         f"the maximum-likelihood sentence under the public randomizer; {_QUERIES.value} "

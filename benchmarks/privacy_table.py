@@ -24,7 +24,7 @@ both scripts have (none, dχ, TextHide intra) are run once.
 
 "What the eavesdropper recovers" is measured per mechanism by the attack that fits what it
 releases: for TextHide, representation similarity search on the hidden pooled outputs of the
-frozen MiniLM (`dpbert.attacks.hide_corpus`; cosine RSS and abs-RSS, which sign masks cannot
+frozen MiniLM (`dpbert.privacy.attacks.hide_corpus`; cosine RSS and abs-RSS, which sign masks cannot
 stop; exact-sentence identity over --queries queries; the paper's attack is cosine RSS), for dχ
 the token inversion accuracy (the fraction of dev tokens whose noisy embedding's nearest
 vocabulary token is the token itself), for OME the maximum-likelihood sentence under the
@@ -146,7 +146,7 @@ def texthide_attacks(dataset: str, schemes: list[tuple[int, int, str]]) -> dict:
     outputs of the set's train ∪ dev sentences; plus "rand" (a uniformly random answer)."""
     import numpy as np
 
-    from dpbert import attacks
+    from dpbert.privacy import attacks
 
     cache = pathlib.Path(_FEATURES.value)
     cache.mkdir(parents=True, exist_ok=True)

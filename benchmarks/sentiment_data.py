@@ -49,7 +49,7 @@ _ENCODER_CACHE = {}
 def _encoder():
     if not _ENCODER_CACHE:
         from data_pipelines import tokenization
-        from dpbert import hf
+        from dpbert.models import hf
         folder = minilm_dir()
         model, _ = hf.load_pretrained(folder)
         tok = tokenization.WordPieceTokenizer(folder / "vocab.txt", do_lower_case=True)
@@ -61,7 +61,7 @@ def features(dataset: str, split: str, cache: pathlib.Path) -> dict:
     """{"texts", "labels", "minilm" [N,384] pooled, "minilm_mean" [N,384], "static50" [N,50]}."""
     import numpy as np
 
-    from dpbert import features as feats
+    from dpbert.models import features as feats
     path = DATA / f"{dataset}_{split}.tsv"
     if not path.is_file():
         sys.exit(f"{path} is missing: this benchmark needs ../shared/data/sentiment")
@@ -95,7 +95,9 @@ def inversion_accuracy(dataset: str, etas: list[float], folder: pathlib.Path,
     import jax
     import numpy as np
 
-    from dpbert import dchi, dchi_analysis
+    from dpbert.privacy import dchi
+
+    from dpbert.privacy import dchi_analysis
 
     table, vocab = dchi.load_embedding_table(folder)
     special = dchi.special_token_mask(vocab)

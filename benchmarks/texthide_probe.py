@@ -9,7 +9,7 @@ epoch instead of minutes), optionally with one trainable tanh layer standing in 
 
 Features: MiniLM's pooled output (`minilm`) or mean pool (`minilm_mean`) of
 `benchmarks/sentiment_data.features` (cached), or the pooled output of any HF BERT folder. The
-head is `dpbert.texthide.TextHideHead`, the loss `texthide.encrypt` + soft-label CE, the
+head is `dpbert.privacy.texthide.TextHideHead`, the loss `texthide.encrypt` + soft-label CE, the
 evaluation the inference path (one pool mask, no mixing). Prints dev accuracy per epoch. A
 diagnostic for BENCHMARKS.md "TextHide fine-tuning at small scale", not a product path.
 """
@@ -40,8 +40,8 @@ _ROWS = flags.DEFINE_integer("train_rows", 0, "first this many training rows (0 
 
 def pooled_from_hf(folder: pathlib.Path, texts: list[str]):
     from data_pipelines import tokenization
-    from dpbert import features as feats
-    from dpbert import hf
+    from dpbert.models import features as feats
+    from dpbert.models import hf
     model, _ = hf.load_pretrained(folder)
     tok = tokenization.WordPieceTokenizer(folder / "vocab.txt", do_lower_case=True)
     return feats.encode_texts(model, tok, texts, pooling=("pooled",), max_len=64)["pooled"]
@@ -56,7 +56,7 @@ def main(argv):
     from flax import nnx
 
     import sentiment_data as sd
-    from dpbert import texthide
+    from dpbert.privacy import texthide
 
     cache = pathlib.Path(_CACHE.value)
     cache.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,7 @@ def finetuned_encoder(workdir: pathlib.Path):
     from safetensors.numpy import load_file
 
     from data_pipelines import tokenization
-    from dpbert import hf
+    from dpbert.models import hf
 
     export = workdir / "hf"
     texthide_file = export / "texthide_model.safetensors"
@@ -94,8 +94,8 @@ def finetuned_main(t0):
     import jax
     import numpy as np
 
-    from dpbert import attacks
-    from dpbert import features as feats
+    from dpbert.privacy import attacks
+    from dpbert.models import features as feats
 
     cache = pathlib.Path(_CACHE.value)
     cache.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def finetuned_main(t0):
         f"{time.time() - t0:.0f} s. W0 / W1: `launch/finetune.py` runs of MiniLM-L6 on "
         f"{_DATASET.value} (mode none / mode texthide intra (256, 4) with the MLP head; seed 0 "
         "of `benchmarks/qu_finetune.py`). Pooled representations of the train ∪ dev sentences "
-        f"({len(texts)}), hidden in shuffled batches of {_BATCH.value} (`dpbert.texthide.encrypt`, "
+        f"({len(texts)}), hidden in shuffled batches of {_BATCH.value} (`dpbert.privacy.texthide.encrypt`, "
         "a fresh seeded pool: the eavesdropper does not know the run's masks). Paper index "
         "(Tab. 3): the baseline model's representations; the baseline row queries with them, "
         "the other rows with the TextHide model's hidden representations. Own index: the clean "
@@ -165,7 +165,7 @@ def main(argv):
     import jax
     import numpy as np
 
-    from dpbert import attacks
+    from dpbert.privacy import attacks
 
     t0 = time.time()
     cache = pathlib.Path(_CACHE.value)
@@ -200,7 +200,7 @@ def main(argv):
         f"{platform.machine()}, {os.cpu_count()} CPU cores, JAX {jax.__version__}; load average "
         f"{os.getloadavg()[0]:.1f} at the end; {time.time() - t0:.0f} s. FROZEN MiniLM-L6 pooled "
         f"outputs of the {_DATASET.value} train ∪ dev sentences ({len(texts)}); each scheme hides "
-        f"the corpus in shuffled batches of {_BATCH.value} (`dpbert.texthide.encrypt`, intra). "
+        f"the corpus in shuffled batches of {_BATCH.value} (`dpbert.privacy.texthide.encrypt`, intra). "
         f"The index holds the clean representations. RSS: {len(q)} random corpus queries, "
         f"nearest by cosine; abs-RSS: the same on absolute values (sign masks do not change "
         f"them); RepRecon: MLP (1024, 1024), L2, Adam 1e-3, {_RECON_EPOCHS.value} epochs on the "

@@ -48,7 +48,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import bench_report  # noqa: E402
-from dpbert import model as model_lib  # noqa: E402
+from dpbert.models import bert as model_lib  # noqa: E402
 
 SECTION = "## PyTorch and Opacus on CPU"
 

@@ -139,7 +139,8 @@ def unit_gradient_norms(config, workdir, num_units: int = 64) -> dict:
     import numpy as np  # noqa: PLC0415
 
     from data_pipelines import datasets  # noqa: PLC0415
-    from dpbert import exposure, losses  # noqa: PLC0415
+    from dpbert.leakage import exposure  # noqa: PLC0415
+    from dpbert.models import losses  # noqa: PLC0415
     from dpbert.dp import clipping, units  # noqa: PLC0415
     from dpbert.tasks import pretraining  # noqa: PLC0415
 

@@ -13,7 +13,7 @@ import ml_collections
 from ml_collections import config_dict
 
 
-# dpbert.model.PRESETS's names (kept here so that loading a config does not import JAX;
+# dpbert.models.bert.PRESETS's names (kept here so that loading a config does not import JAX;
 # tests/configs checks that they agree).
 MODEL_SIZES = ("tiny", "mini", "small", "medium", "base", "large")
 
@@ -85,7 +85,7 @@ def get_config() -> ml_collections.ConfigDict:
     # unless vocab.file says otherwise (the sizes must then agree).
     c.model.init_from_hf = ""
     # What the starting model (init_from_hf) was trained on, relative to this run's data, when
-    # it is a dpbert export with a privacy report (dpbert.lineage): "same" (may overlap: its
+    # it is a dpbert export with a privacy report (dpbert.reporting.lineage): "same" (may overlap: its
     # DP-SGD is composed into this run's epsilon, its vocabularies counted once; trained without
     # DP, it voids this run's claim), "disjoint" (none of this run's records: its guarantee is
     # listed apart) or "public" (public data). A model without a dpbert report counts as public.
@@ -122,7 +122,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data = data_config()
 
     # ------------------------------------------------------------------- privacy-adaptive (dχ)
-    # MLM target (dpbert.losses registry): "vanilla" (predict the privatized token, Qu et al.
+    # MLM target (dpbert.models.losses registry): "vanilla" (predict the privatized token, Qu et al.
     # Eq. 5), "prob" (soft target over dchi.prob_samples privatized draws, Eq. 6) or
     # "denoising" (predict the original token, Eq. 7). Without dχ all three are plain BERT MLM.
     c.mlm_target = "vanilla"

@@ -17,7 +17,7 @@ def get_config(arg: str | None = None):
     c.vocab.size = 2048
     # The vocabulary's cost enters the run's total: it is DP per note, and removing one training
     # sequence modifies the up to 2 notes it reads from, so it counts as 2 replaced records
-    # (about 3x this epsilon: dpbert.report.vocab_relation); it is kept small.
+    # (about 3x this epsilon: dpbert.reporting.report.vocab_relation); it is kept small.
     c.vocab.epsilon = 2.0
     c.vocab.delta = 1e-6
     c.data.corpus = "synthetic"

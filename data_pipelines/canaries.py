@@ -47,7 +47,7 @@ from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")
 PLACEMENTS = ("sentence", "example")
-# Form of the one-run privacy audit's canaries (dpbert.audit): random word-piece sequences whose
+# Form of the one-run privacy audit's canaries (dpbert.leakage.audit): random word-piece sequences whose
 # inclusion is the audit's secret; exposure reports leave them out.
 AUDIT_FORM = "audit"
 CANARY_FILE_VERSION = 1

@@ -17,7 +17,7 @@ Features (one row per example, in file order), BERT's layout:
     input_mask   int32 [N, S]  1 on real tokens
     label        int32 [N]     index into `LabelMap.names`
     example_id   int32 [N]     0-based row in the file: with the run's secret key it names the
-                               example's dχ release (`dpbert.input_privacy`)
+                               example's dχ release (`dpbert.privacy.input_privacy`)
 
 Truncation is BERT's `truncate_seq_pair`: drop the last token of the longer of the two texts
 until the pair fits (ties drop from text_b), so a gets the extra token when the total is odd.

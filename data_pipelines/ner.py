@@ -45,7 +45,7 @@ is scored once, in the window where its first piece has the most context on both
 (`word_predictions(features["labels"])` gives back the gold tags exactly).
 
 Windows of one unit share its `example_id` and give each piece its offset in the unit as
-`position_ids`, so a dχ release (`dpbert.input_privacy`) privatizes a token in an overlap once,
+`position_ids`, so a dχ release (`dpbert.privacy.input_privacy`) privatizes a token in an overlap once,
 not once per window.
 """
 
@@ -62,7 +62,7 @@ import numpy as np
 
 from data_pipelines import synthetic_notes, synthetic_tables, textcheck, tokenization
 from data_pipelines.classification import DataError, describe_label, describe_labels
-from dpbert import ner_metrics
+from data_pipelines import ner_metrics
 
 TYPES = ("problem", "test", "treatment")
 I2B2_TAGS = ("O", "B-problem", "I-problem", "B-test", "I-test", "B-treatment", "I-treatment")

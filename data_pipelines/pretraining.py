@@ -307,7 +307,7 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
         # How many documents (vocabulary records, for a vocabulary DP per document) one unit
         # spans at most: a patient's notes (a note is one document: ids are unique, see
         # identity). Private: only CHECKED
-        # against the public cap vocab.max_records_per_unit (dpbert.report.vocab_relation).
+        # against the public cap vocab.max_records_per_unit (dpbert.reporting.report.vocab_relation).
         subjects = np.asarray(train_corpus.subject_ids)
         keys = (subjects if privacy_unit == "patient" and (subjects != NO_SUBJECT).any()
                 else np.asarray(train_corpus.doc_keys))

@@ -415,7 +415,7 @@ def privacy_from_report(report: Mapping[str, Any]) -> HistogramPrivacy:
     build's default and the more conservative one under replacement) and, for every
     parameter the report stores (``REPORTED_PARAMETERS``: noise_scale, threshold, ...),
     checks that it is the recalibrated value.  Reports without them (older ones, or the
-    shippable subset of ``dpbert.report.public_vocab_report``) are recalibrated unchecked.
+    shippable subset of ``dpbert.reporting.report.public_vocab_report``) are recalibrated unchecked.
 
     Args:
       report: the content of ``vocab_privacy.json`` (``dp_vocab._report``).

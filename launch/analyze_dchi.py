@@ -5,7 +5,7 @@ r"""Privacy analyses of dχ token privatization on a BERT embedding space (Qu et
         [--samples_per_token=1000] [--vocab_sample=N] [--knn_queries=2000] [--max_tokens=100000]
 
 For each η: embedding geometry (Fig. 3), plausible deniability N_w / S_w (Fig. 4) and
-token-embedding inversion accuracy (Table 3); see `dpbert/dchi_analysis.py`. On a CPU, N_w/S_w
+token-embedding inversion accuracy (Table 3); see `dpbert/privacy/dchi_analysis.py`. On a CPU, N_w/S_w
 use a seeded sample of 200 regular tokens unless --vocab_sample is given (the whole vocabulary
 is ~10 hours on 2 cores); --vocab_sample=0 runs the full analysis. The corpus is plain text
 (one sentence or document per line; `.gz` read transparently; for `.tsv` the last field).
@@ -18,7 +18,7 @@ import pathlib
 
 from absl import app, flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _EMBEDDINGS = flags.DEFINE_string("embeddings", None, "Hugging Face BERT folder providing φ "
                                   "(word embeddings) and vocab.txt.")
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"analyze_dchi: {problem}")
     import jax  # here, so that --help is instant
 
-    from dpbert import dchi_analysis as lib
+    from dpbert.privacy import dchi_analysis as lib
 
     vocab_sample, note = lib.resolve_vocab_sample(_VOCAB_SAMPLE.value, jax.default_backend())
     try:

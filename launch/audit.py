@@ -8,13 +8,13 @@ Draws m random canaries and, from OS entropy, which of them to train on (each wi
 are planted too); scores every canary with the trained model; and writes OUT/results.json: an
 empirical lower bound on ε at the stated confidence next to the run's claimed ε. The inclusion
 bits and scores stay in OUT/private/ (never ship it with the model). Rerunning with the same
---out resumes. See dpbert/audit.py for the theorem and its exact tail computation.
+--out resumes. See dpbert/leakage/audit.py for the theorem and its exact tail computation.
 """
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _OUT = flags.DEFINE_string("out", None, "Output folder of the audit.")
@@ -33,7 +33,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     import jax  # noqa: PLC0415 - after flag parsing
 
-    from dpbert import audit  # noqa: PLC0415
+    from dpbert.leakage import audit  # noqa: PLC0415
     from dpbert.errors import ConfigError  # noqa: PLC0415
 
     # The arguments and the output folder before any work (run_audit checks them again): a

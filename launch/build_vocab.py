@@ -20,7 +20,7 @@ import sys
 from absl import app, flags, logging
 
 from data_pipelines import corpora, dp_vocab, identity
-from dpbert import cli
+from dpbert.runtime import cli
 
 _INPUT = flags.DEFINE_string("input", None, "Corpus file (.gz allowed).")
 _FORMAT = flags.DEFINE_enum("format", "text", list(dp_vocab.FORMATS),

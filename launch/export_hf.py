@@ -17,7 +17,7 @@ initialised at random, and the model card says so.
 
 from absl import app, flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Source Hugging Face BERT folder.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A dpbert training workdir.")
@@ -49,13 +49,13 @@ def main(argv):
                                     inside_sources_ok=source is _WORKDIR)
     if problem:
         raise SystemExit(f"export_hf: {problem}")
-    from dpbert import hf  # here, so that --help is instant
+    from dpbert.models import hf  # here, so that --help is instant
 
     try:
         hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value, sources=sources,
                                     inside_sources_ok=source is _WORKDIR)
         if _WORKDIR.value:
-            from dpbert import loop
+            from dpbert.runtime import loop
             out = loop.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
         else:
             out = hf.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)

@@ -6,7 +6,7 @@ r"""Secret-sharer exposure of the canaries planted in a finished training run.
 The run must have been trained with --config.data.canaries.enabled=True (DP or not); include
 repetitions 0 (never-planted reference canaries) to measure the floor. Writes DIR/results.json
 (per-canary rows, mean ± sd per (form, repetitions), the runs' ε) and DIR/exposure.png
-(exposure vs repetitions). DIR defaults to RUN/exposure. See dpbert/exposure.py.
+(exposure vs repetitions). DIR defaults to RUN/exposure. See dpbert/leakage/exposure.py.
 """
 
 import json
@@ -15,7 +15,7 @@ import pathlib
 
 from absl import app, flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A dpbert training workdir with canaries.")
 _COMPARE = flags.DEFINE_list("compare", [], "More training workdirs drawn in the same figure "
@@ -33,7 +33,7 @@ flags.mark_flag_as_required("workdir")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from dpbert import exposure  # noqa: PLC0415 - --help stays instant
+    from dpbert.leakage import exposure  # noqa: PLC0415 - --help stays instant
 
     workdirs = [_WORKDIR.value, *_COMPARE.value]
     labels = list(_LABELS.value) or [pathlib.Path(w).name for w in workdirs]

@@ -12,13 +12,13 @@ r"""Fine-tunes a BERT checkpoint for classification or NER, with input privacy a
 Writes W/results.json (held-out metrics, the schedule, the privacy statement), W/hf (Hugging
 Face format; for ome and TextHide's MLP head a documented safetensors folder), TensorBoard and metrics.jsonl; rerunning the same command resumes from the newest
 checkpoint. Everything else lives in the library: `dpbert.tasks.finetuning.run(config,
-workdir)`, the fine-tuning tasks on the DP loop (`dpbert.loop`).
+workdir)`, the fine-tuning tasks on the DP loop (`dpbert.runtime.loop`).
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/finetune_*.py).", lock_config=True)

@@ -29,7 +29,7 @@ import sys
 
 from absl import app, flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 from dpbert.dp import accounting, calibration
 
 _NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,

@@ -7,13 +7,13 @@ r"""Pretrains BERT with DP-SGD.
 Rerunning the same command resumes from the newest checkpoint in --workdir. Off Cloud TPU, a
 multi-host run passes --coordinator_address, --num_processes and --process_id on every host.
 Everything else lives in the library: `dpbert.tasks.pretraining.train_and_evaluate(config,
-workdir)`, the pretraining task on the DP loop (`dpbert.loop`).
+workdir)`, the pretraining task on the DP loop (`dpbert.runtime.loop`).
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dpbert import cli
+from dpbert.runtime import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (configs/*.py[:arg]).", lock_config=True)
@@ -35,7 +35,8 @@ def main(argv):
     if problem:
         raise SystemExit(f"train: {problem}")
     # Imported here so that --help is instant and XLA flags set by the caller apply.
-    from dpbert import loop, sharding
+    from dpbert.runtime import loop
+    from dpbert.runtime import sharding
     from dpbert.tasks import pretraining
 
     try:

@@ -36,7 +36,7 @@ private (tests). Noise keys never repeat across steps or leaves.
 Sharding: `DPAggregator.state_sharding(param_shardings, replicated)` gives the
 state's shardings (grad_acc like the params, counters and rng replicated) for the
 jit's in/out shardings.  Set `DPConfig.num_shards` to the number of devices the
-batch is split over (`dpbert.sharding.num_batch_shards(mesh)`); `microbatch_size`
+batch is split over (`dpbert.runtime.sharding.num_batch_shards(mesh)`); `microbatch_size`
 is global (see `dpbert.dp.clipping`).
 
 Typical wiring (training loop, issue 4)::
@@ -91,7 +91,7 @@ class DPConfig:
       noise_mode: "global" (total std sigma*C whatever the number of shards) or
         "per_shard" (TF CrossShardOptimizer compatible, std sigma*C*sqrt(P)).
       num_shards: P, the number of devices the batch axis is split over
-        (`dpbert.sharding.num_batch_shards(mesh)`, i.e. data x fsdp on dpbert's mesh).
+        (`dpbert.runtime.sharding.num_batch_shards(mesh)`, i.e. data x fsdp on dpbert's mesh).
         It sets the microbatch layout (one partial sum per shard) and, with
         noise_mode="per_shard", the noise std and the accounted sigma * sqrt(P).
     """
@@ -190,7 +190,7 @@ class DPAggregator:
         leaves get no gradient, no noise, and are not updated.
       clipper: a `GradientClipper`; default `VmapClipper(config...)`.
       noise_layouts: optional per-leaf layouts in which to add the noise
-        (`dpbert.dp.noise.add_noise`, `dpbert.sharding.noise_layouts`); a speed knob, the
+        (`dpbert.dp.noise.add_noise`, `dpbert.runtime.sharding.noise_layouts`); a speed knob, the
         noisy gradient is bitwise the same.
     """
 

@@ -92,7 +92,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, expected_batch_size: fl
     `compute_epsilon` with the same arguments returns <= target_epsilon.
 
     `prior`: segments (`dpbert.dp.ledger.Segment`, same delta and accountant) composed before
-    these steps (an earlier run on the same data, `dpbert.lineage`): sigma is then the smallest
+    these steps (an earlier run on the same data, `dpbert.reporting.lineage`): sigma is then the smallest
     whose composition with them stays within the target (verified with `composed_epsilon`).
     ValueError when the prior segments alone spend the target.
     """

@@ -33,7 +33,7 @@ decoder only and the scatter and cross terms vanish.  If E gets no gradient
 without E.
 
 The loss must expose the factored view (`FactoredLoss`, e.g.
-`dpbert.losses.make_factored_pretraining_loss`).  Matmuls of the norm and of the
+`dpbert.models.losses.make_factored_pretraining_loss`).  Matmuls of the norm and of the
 sum use Precision.HIGHEST: the norm must bound the gradient that is really added,
 and TPUs (and TF32 GPUs) would otherwise round float32 operands to fewer bits.
 
@@ -61,7 +61,7 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 class FactoredLoss(Protocol):
     """A per-example loss whose tied table E [V, H] enters only as x = E[ids] and f E^T.
 
-    See `dpbert.losses.FactoredPretrainingLoss` for the reference implementation.
+    See `dpbert.models.losses.FactoredPretrainingLoss` for the reference implementation.
     """
 
     # Path names of E in the params (`dpbert.dp.trees.path_names` form).
@@ -164,7 +164,7 @@ class TiedEmbeddingClipper:
         if not isinstance(loss_fn, FactoredLoss):
             raise TypeError(
                 f"TiedEmbeddingClipper needs a loss with the factored view of the tied "
-                f"embedding (dpbert.losses.make_factored_pretraining_loss); got "
+                f"embedding (dpbert.models.losses.make_factored_pretraining_loss); got "
                 f"{type(loss_fn).__name__}. Use VmapClipper (dp.clipping='vmap') for other "
                 "losses.")
         index = _table_index(params, loss_fn.table_path)

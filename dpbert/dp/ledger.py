@@ -13,7 +13,7 @@ written into every checkpoint (`to_json`) and read back on resume (`PrivacyLedge
 With a single segment its event is exactly `AccountingSpec.event`, so a run that was never
 resumed (or resumed without change) reports what `compute_epsilon` reports.
 
-A run that starts from a model trained earlier on data that may overlap (`dpbert.lineage`)
+A run that starts from a model trained earlier on data that may overlap (`dpbert.reporting.lineage`)
 brings that model's segments as `inherited`: they are composed into every epsilon, budget and
 progress figure exactly like the run's own earlier segments, but they are not this run's steps
 (`closed_steps` and `to_json` cover this run only).

@@ -25,7 +25,7 @@ for which the direct form is chosen) is differentiated per example by vmap, as i
 `VmapClipper`; these gradients are small.
 
 How a and g are obtained.  The per-example loss is run with every dense layer tapped
-(`dpbert.model.DenseTap`): a zero "probe" is added to the output of each Gram-form layer,
+(`dpbert.models.bert.DenseTap`): a zero "probe" is added to the output of each Gram-form layer,
 and the gradient with respect to the probe is g; the layer's input a comes back as an
 auxiliary output.  The kernels themselves are constants of that function, so the backward
 pass never forms a kernel gradient.  With s_i = 1 / max(1, norm_i / C) the clipped sum
@@ -64,7 +64,7 @@ DENSE_NORMS = ("auto", "flops", "bu", "gram", "direct")
 @runtime_checkable
 class TappedLoss(ghost.FactoredLoss, Protocol):
     """A `ghost.FactoredLoss` that can also tap its dense layers and whose input vectors
-    x enter as ``x + P[:S] + ...`` (see `dpbert.losses.FactoredPretrainingLoss`)."""
+    x enter as ``x + P[:S] + ...`` (see `dpbert.models.losses.FactoredPretrainingLoss`)."""
 
     # Path names of the position table P in the params.
     position_table_path: tuple[str, ...]
@@ -132,7 +132,7 @@ class MixedGhostClipper:
         T (I + O) < I O), "bu" (when 2 T^2 < I O), "gram" (every dense kernel), or "direct"
         (no dense kernel: per-example gradients by vmap).
 
-    The loss must be a `TappedLoss` (`dpbert.losses.make_factored_pretraining_loss`).
+    The loss must be a `TappedLoss` (`dpbert.models.losses.make_factored_pretraining_loss`).
     """
 
     clip_norm: float
@@ -167,7 +167,7 @@ class MixedGhostClipper:
                     "assumes one sequence). Use dp.clipping='ghost_embedding' or 'vmap'.")
             raise TypeError(
                 f"MixedGhostClipper needs a loss with the factored and tapped views "
-                f"(dpbert.losses.make_factored_pretraining_loss); got "
+                f"(dpbert.models.losses.make_factored_pretraining_loss); got "
                 f"{type(loss_fn).__name__}. Use VmapClipper (dp.clipping='vmap') for other "
                 "losses.")
         leaves, treedef = jax.tree.flatten(params)

@@ -169,7 +169,7 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
       stddev: `noise_stddev(...)`.
       trainable: trainable filter (frozen leaves are left as they are).
       layouts: optional pytree like `clipped_sum` (None leaves allowed;
-        `dpbert.sharding.noise_layouts`): for a REPLICATED leaf under Auto mesh axes, a
+        `dpbert.runtime.sharding.noise_layouts`): for a REPLICATED leaf under Auto mesh axes, a
         sharding splitting it over the devices.  That leaf's sum is resharded to it (each
         device keeps its slice of the all-reduced sum), each device draws and adds only its
         slice of the noise, and the noisy leaf is all-gathered back to replicated, instead

@@ -44,7 +44,7 @@ from dpbert.errors import ConfigError
 PRIVACY_UNITS = ("example", "note", "patient")
 UNIT_LOSSES = ("mean", "sum")
 # dp.clipping="auto": the task's fastest clipper for the run (`Task.auto_clipping`, resolved
-# by `dpbert.loop.validate` before the plan is made).
+# by `dpbert.runtime.loop.validate` before the plan is made).
 AUTO_CLIPPING = "auto"
 
 
@@ -179,7 +179,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     checkpoint). `sampler_seed` is the run's secret seed (`dpbert.dp.randomness`). With
     dp.privacy_unit note / patient, `unit_ids` (int [num_examples], the unit 0..U-1 of every
     training example) is required and N = U. `inherited`: DP-SGD segments of the starting
-    model's training on data that may overlap (`dpbert.lineage.Lineage.segments`), composed
+    model's training on data that may overlap (`dpbert.reporting.lineage.Lineage.segments`), composed
     into every epsilon and into the budget of dp.target_epsilon."""
     b = batch
     per_unit = dp.enabled and dp.privacy_unit != "example"

@@ -1,4 +1,4 @@
-"""Tasks on the one DP training loop (`dpbert.loop`): each is its data, its per-example loss,
+"""Tasks on the one DP training loop (`dpbert.runtime.loop`): each is its data, its per-example loss,
 its eval and its export. A new task is a module here and one entry in `_TASKS`."""
 
 import importlib

@@ -11,7 +11,7 @@
     users   `privacy.mode` (`dpbert.tasks.finetuning` input modes): the release of train AND
             eval, once, keyed by the run's secret task key
     model   HF `BertForSequenceClassification` (dropout + linear on the pooled output)
-    loss    per-example cross-entropy (`dpbert.task_losses`); with DP-SGD (one example = one
+    loss    per-example cross-entropy (`dpbert.tasks.task_losses`); with DP-SGD (one example = one
             row of the training file is the privacy unit) dp.clipping="auto" takes the mixed
             ghost clipper (`task_losses.FactoredClassificationLoss`) where the input mode
             feeds the encoder (none, token_rep, text_to_text), else vmap
@@ -30,7 +30,7 @@ import numpy as np
 
 from data_pipelines import classification as clf
 from data_pipelines import identity
-from dpbert import task_losses
+from dpbert.tasks import task_losses
 from dpbert.errors import ConfigError
 from dpbert.tasks import finetuning
 

@@ -3,13 +3,13 @@
     input modes   `privacy.mode` -> an `InputMode` (a small registry): the users' side of the
                   model (what they release, what is frozen), the loss shapes it can give the
                   clipper, its report. The dχ modes none / token_rep / text_to_text / seq_rep
-                  (`dpbert.input_privacy`) are registered here; representation-privacy modes
+                  (`dpbert.privacy.input_privacy`) are registered here; representation-privacy modes
                   (TextHide, OME) plug in with `register_input_mode` without touching a task.
     the release   happens ONCE, in `Task.prepare`, keyed by the loop's secret task key: the
                   same release on resume and in every epoch (unless
                   privacy.fresh_noise_each_epoch), another one in another run; the eval split
                   is released too. `ReleasedSplit` serves it to the loop.
-    model         `dpbert.heads` task model from a Hugging Face folder (model.init_from_hf);
+    model         `dpbert.models.heads` task model from a Hugging Face folder (model.init_from_hf);
                   dropout from the config
     schedule      train.epochs -> train.num_steps = ceil(epochs x N / B) (B = the expected
                   batch size), warm-up = optimizer.warmup_fraction of it
@@ -35,7 +35,7 @@ import numpy as np
 from absl import logging
 
 from data_pipelines import classification as clf
-from dpbert import input_privacy
+from dpbert.privacy import input_privacy
 from dpbert.errors import ConfigError
 
 RESULTS_FILE = "results.json"
@@ -112,7 +112,7 @@ def input_mode_names() -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class DchiMode(InputMode):
-    """Qu et al.'s modes (`dpbert.input_privacy`): dχ on tokens or on the sentence vector."""
+    """Qu et al.'s modes (`dpbert.privacy.input_privacy`): dχ on tokens or on the sentence vector."""
 
     name: str
     tasks: tuple[str, ...] = ("classification", "ner")
@@ -212,7 +212,9 @@ def load_model(config, kind: str, labels):
     """The task model from model.init_from_hf, with the config's dropout."""
     from flax import nnx  # noqa: PLC0415
 
-    from dpbert import heads, hf_heads  # noqa: PLC0415
+    from dpbert.models import heads  # noqa: PLC0415
+
+    from dpbert.models import hf_heads  # noqa: PLC0415
 
     m = config.model
     model, cfg = hf_heads.load_task_model(m.init_from_hf, kind, list(labels),
@@ -381,7 +383,7 @@ def final_eval(workdir: pathlib.Path) -> dict[str, float]:
 def finetune(task, config, workdir, *, devices=None) -> dict:
     """Fine-tunes (or resumes) with `task` on the DP loop; writes and returns
     WORKDIR/results.json."""
-    from dpbert import loop  # noqa: PLC0415
+    from dpbert.runtime import loop  # noqa: PLC0415
 
     t0 = time.time()
     loop.validate(task, config)  # config errors before reading any data
@@ -430,7 +432,7 @@ class Loaded:
 
 
 class FineTuningTask:
-    """The parts of `dpbert.loop.Task` the fine-tuning tasks share. Subclasses set `name`,
+    """The parts of `dpbert.runtime.loop.Task` the fine-tuning tasks share. Subclasses set `name`,
     `model_kind` and implement `count_train_examples`, `load`, `unit_definition`,
     `example_loss`, `eval_step`, `eval_metrics`, `train_metrics`."""
 
@@ -456,7 +458,7 @@ class FineTuningTask:
         return None
 
     def prepare(self, config, workdir: pathlib.Path, task_key):
-        from dpbert import loop  # noqa: PLC0415
+        from dpbert.runtime import loop  # noqa: PLC0415
         from dpbert.tasks import pretraining  # noqa: PLC0415
 
         tok = tokenizer(config)
@@ -530,8 +532,9 @@ class FineTuningTask:
         from flax import nnx  # noqa: PLC0415
 
         from data_pipelines import tokenization  # noqa: PLC0415
-        from dpbert import heads, hf_heads  # noqa: PLC0415
-        from dpbert import model as model_lib  # noqa: PLC0415
+        from dpbert.models import heads  # noqa: PLC0415
+        from dpbert.models import hf_heads  # noqa: PLC0415
+        from dpbert.models import bert as model_lib  # noqa: PLC0415
 
         custom = get_input_mode(run["input_privacy"]["mode"]).export(params, run, out, report)
         if custom is not None:

@@ -32,7 +32,8 @@ from flax import nnx
 
 from data_pipelines import classification as clf
 from data_pipelines import identity, ner
-from dpbert import ner_metrics, task_losses
+from data_pipelines import ner_metrics
+from dpbert.tasks import task_losses
 from dpbert.errors import ConfigError
 from dpbert.tasks import finetuning
 

@@ -27,9 +27,12 @@ from absl import logging
 from flax import nnx
 
 from data_pipelines import fileio, identity, tokenization
-from dpbert import dchi, hf, loop, losses
-from dpbert import metrics as metrics_lib
-from dpbert import model as model_lib
+from dpbert.privacy import dchi
+from dpbert.models import hf
+from dpbert.runtime import loop
+from dpbert.models import losses
+from dpbert.runtime import metrics as metrics_lib
+from dpbert.models import bert as model_lib
 from dpbert.dp import clipping, trees
 from dpbert.errors import ConfigError
 

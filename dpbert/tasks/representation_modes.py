@@ -1,7 +1,7 @@
 """Representation-privacy input modes of the fine-tuning tasks (issue 13): `privacy.mode=ome`
 and `privacy.mode=texthide`.
 
-    ome   (Lyu et al. 2020, `dpbert.ome`) the users run the FROZEN encoder of model.init_from_hf
+    ome   (Lyu et al. 2020, `dpbert.privacy.ome`) the users run the FROZEN encoder of model.init_from_hf
           on their sentence, z-score the representation per vector (no data statistics needed),
           encode each coordinate as l = 1 + m + n bits (sign, m = 4 integer, n = 5 fraction
           bits) and randomize the r·l bits once with a secret key (the run's task key, the
@@ -21,7 +21,7 @@ and `privacy.mode=texthide`.
           Export: WORKDIR/hf holds the head (`ome_head.safetensors`), `ome_config.json` and a
           card; the encoder is the unchanged starting checkpoint, which transformers'
           BertForSequenceClassification cannot pair with a head on bits.
-    texthide  (Huang et al. 2020, `dpbert.texthide`) the service receives the text as in mode
+    texthide  (Huang et al. 2020, `dpbert.privacy.texthide`) the service receives the text as in mode
           none; every training step hides the batch's sentence representations (pooled
           output) with Algorithm 1: each row mixes privacy.k representations (coefficients
           |g|/Σ|g|, random permutations) and is sign-flipped by one of privacy.m secret masks;
@@ -68,7 +68,7 @@ class OmeMode(finetuning.InputMode):
     tasks: tuple[str, ...] = ("classification",)
 
     def mechanism(self, config, r: int):
-        from dpbert import ome  # noqa: PLC0415
+        from dpbert.privacy import ome  # noqa: PLC0415
 
         p = config.privacy
         try:
@@ -103,7 +103,8 @@ class OmeMode(finetuning.InputMode):
         self.mechanism(config, 4)
 
     def user_side(self, config, model, vocab_file: str):
-        from dpbert import heads, input_privacy  # noqa: PLC0415
+        from dpbert.models import heads  # noqa: PLC0415
+        from dpbert.privacy import input_privacy  # noqa: PLC0415
 
         if not isinstance(model, heads.BertForSequenceClassification):
             raise ConfigError("config.privacy.mode='ome' needs the classification task")
@@ -131,7 +132,7 @@ def replace_head(model, width: int, *, seed: int) -> None:
     hidden size."""
     from flax import nnx  # noqa: PLC0415
 
-    from dpbert import model as model_lib  # noqa: PLC0415
+    from dpbert.models import bert as model_lib  # noqa: PLC0415
 
     model.classifier = model_lib._dense(model.config, width, len(model.labels),  # noqa: SLF001
                                         ("embed", "classes"), rngs=nnx.Rngs(seed))
@@ -146,7 +147,9 @@ class OmeUser:
     def release(self, features, key, *, split: str, epoch=None):
         import jax  # noqa: PLC0415
 
-        from dpbert import input_privacy, ome  # noqa: PLC0415
+        from dpbert.privacy import input_privacy  # noqa: PLC0415
+
+        from dpbert.privacy import ome  # noqa: PLC0415
 
         del epoch  # one release per example (validated)
         f = {k: np.asarray(v) for k, v in features.items()}
@@ -161,7 +164,7 @@ class OmeUser:
         return input_privacy.Release("ome", dict(keep, features=bits.astype(np.float32)))
 
     def report(self, *, epochs: int, secret_key: bool = True) -> dict:
-        from dpbert import input_privacy  # noqa: PLC0415
+        from dpbert.privacy import input_privacy  # noqa: PLC0415
 
         mech = self.mech.privacy_report()
         claimed, true = mech["epsilon_claimed"], mech["epsilon_true"]
@@ -224,7 +227,7 @@ def export_ome(params, run: dict, out: pathlib.Path, report: dict | None) -> pat
             "## Use", "",
             f"Encoder: `{run['init_from_hf']}` unchanged ({ip['seq_rep_source']} output); "
             "z-score each representation over its coordinates, encode and randomize as in "
-            "`ome_config.json` (`dpbert.ome`), then apply the head in "
+            "`ome_config.json` (`dpbert.privacy.ome`), then apply the head in "
             "`ome_head.safetensors`. This is not a transformers model folder.", ""]
     return _write_folder(out, {"ome_config.json": json.dumps(settings, indent=2) + "\n",
                                "README.md": "\n".join(card)},
@@ -242,7 +245,7 @@ class TextHideMode(finetuning.InputMode):
     loss_shapes: tuple[str, ...] = ("batch",)
 
     def spec(self, config):
-        from dpbert import texthide  # noqa: PLC0415
+        from dpbert.privacy import texthide  # noqa: PLC0415
 
         p = config.privacy
         try:
@@ -260,7 +263,7 @@ class TextHideMode(finetuning.InputMode):
         p = config.privacy
         finetuning.need(p.texthide_head in TEXTHIDE_HEADS, "privacy.texthide_head",
                         p.texthide_head, f"must be one of {TEXTHIDE_HEADS}")
-        from dpbert import texthide  # noqa: PLC0415
+        from dpbert.privacy import texthide  # noqa: PLC0415
 
         finetuning.need(p.texthide_head_input_norm in texthide.HEAD_INPUT_NORMS,
                         "privacy.texthide_head_input_norm", p.texthide_head_input_norm,
@@ -272,7 +275,8 @@ class TextHideMode(finetuning.InputMode):
                             "inter-TextHide needs a public label<TAB>text file (labels ignored)")
 
     def user_side(self, config, model, vocab_file: str):
-        from dpbert import heads, input_privacy  # noqa: PLC0415
+        from dpbert.models import heads  # noqa: PLC0415
+        from dpbert.privacy import input_privacy  # noqa: PLC0415
 
         if not isinstance(model, heads.BertForSequenceClassification):
             raise ConfigError("config.privacy.mode='texthide' needs the classification task")
@@ -315,7 +319,7 @@ def replace_with_mlp_head(model, *, seed: int, input_norm: str = "none",
     of the linear classifier: a linear head cannot serve m > 1 sign masks at once."""
     from flax import nnx  # noqa: PLC0415
 
-    from dpbert import texthide  # noqa: PLC0415
+    from dpbert.privacy import texthide  # noqa: PLC0415
 
     class MlpClassifier(nnx.Module):
         def __init__(self, d, c, rngs):
@@ -346,7 +350,7 @@ def export_texthide(params, run: dict, out: pathlib.Path, report: dict | None) -
             *_lineage_section(report),
             "## Use", "",
             "`texthide_model.safetensors` holds the encoder (`bert/...`, the BERT layout of "
-            "`dpbert.heads`) and the head (`classifier/head/...`, `dpbert.texthide."
+            "`dpbert.models.heads`) and the head (`classifier/head/...`, `dpbert.privacy.texthide."
             "TextHideHead`); predictions are h(σ ∘ pooled(x)) with the SECRET mask pool, which "
             "is not shipped. Not a transformers model folder.", ""]
     files = {"texthide_config.json": json.dumps(
@@ -358,8 +362,8 @@ def export_texthide(params, run: dict, out: pathlib.Path, report: dict | None) -
 
 
 def _lineage_section(report: dict | None) -> list[str]:
-    """The card lines on the starting model's privacy (`dpbert.lineage`), if it had any."""
-    from dpbert import report as report_lib  # noqa: PLC0415
+    """The card lines on the starting model's privacy (`dpbert.reporting.lineage`), if it had any."""
+    from dpbert.reporting import report as report_lib  # noqa: PLC0415
 
     lines = report_lib.lineage_lines(report or {})
     return ["## Starting model", "", *lines, ""] if lines else []
@@ -372,8 +376,8 @@ def _write_folder(out: pathlib.Path, texts: dict, tensors: dict, save_file,
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from dpbert import lineage  # noqa: PLC0415
-    from dpbert import report as report_lib  # noqa: PLC0415
+    from dpbert.reporting import lineage  # noqa: PLC0415
+    from dpbert.reporting import report as report_lib  # noqa: PLC0415
 
     texts = {**texts, lineage.REPORT_FILE: json.dumps(report_lib.public_report(report),
                                                       indent=2, sort_keys=True) + "\n"}
@@ -419,7 +423,7 @@ class TextHideUser:
     def pool(self):
         import jax  # noqa: PLC0415
 
-        from dpbert import texthide  # noqa: PLC0415
+        from dpbert.privacy import texthide  # noqa: PLC0415
 
         if self.key is None:
             raise RuntimeError("TextHide: the mask pool needs the run key (release first)")
@@ -427,7 +431,7 @@ class TextHideUser:
                                        self.spec.m, self.d)
 
     def report(self, *, epochs: int, secret_key: bool = True) -> dict:
-        from dpbert import input_privacy  # noqa: PLC0415
+        from dpbert.privacy import input_privacy  # noqa: PLC0415
 
         s = self.spec
         m = "∞" if s.m < 0 else s.m
@@ -476,7 +480,7 @@ def texthide_loss(user: TextHideUser, graphdef, num_classes: int):
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
 
-    from dpbert import texthide  # noqa: PLC0415
+    from dpbert.privacy import texthide  # noqa: PLC0415
 
     pool, spec = user.pool(), user.spec
     secret = jax.random.fold_in(user.key, _STEP_SALT)
@@ -515,7 +519,7 @@ def texthide_eval(user: TextHideUser, graphdef):
     """Eval logits h(σ ∘ f(x)): no mixing, one pool mask per example."""
     import jax  # noqa: PLC0415
 
-    from dpbert import texthide  # noqa: PLC0415
+    from dpbert.privacy import texthide  # noqa: PLC0415
 
     pool = user.pool()
     key = jax.random.fold_in(user.key, _EVAL_SALT)

@@ -60,7 +60,8 @@ def test_bad_args_name_the_config_and_what_is_accepted(name, arg, match):
 
 
 def test_model_sizes_match_the_model_presets():
-    from dpbert import dchi, model
+    from dpbert.privacy import dchi
+    from dpbert.models import bert as model
 
     assert common.MODEL_SIZES == tuple(model.PRESETS)
     assert {"text_to_text", "token_rep"} <= set(dchi.MECHANISMS)

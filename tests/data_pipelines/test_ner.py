@@ -7,7 +7,7 @@ import pytest
 
 from data_pipelines import ner, tokenization
 from data_pipelines.classification import DataError
-from dpbert import ner_metrics
+from data_pipelines import ner_metrics
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from configs import common
 from data_pipelines import corpora, dp_vocab, identity, pretraining, synthetic_notes
-from dpbert import report as report_lib
+from dpbert.reporting import report as report_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 MARKER = "zqxjsecretmarker"

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from dpbert import model as model_lib
+from dpbert.models import bert as model_lib
 from dpbert import prng
 
 SHAPES = [(), (1,), (7, 3, 5), (4099,), (2, 3, 128, 128)]

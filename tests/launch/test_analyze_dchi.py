@@ -1,4 +1,4 @@
-"""launch/analyze_dchi.py and dpbert/dchi_analysis.py: CLI smoke test on a tiny fake HF folder,
+"""launch/analyze_dchi.py and dpbert/privacy/dchi_analysis.py: CLI smoke test on a tiny fake HF folder,
 helpers, bad input."""
 
 import gzip
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from dpbert import dchi_analysis as lib
+from dpbert.privacy import dchi_analysis as lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SPECIALS = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -1,7 +1,7 @@
 """Every launcher, fed a hostile new user's input: --help exits 0, each mistake is ONE line.
 
 Each launcher runs in one subprocess (its imports cost seconds) that drives many command
-lines through the real entry point, `dpbert.cli.run(main, NAME, argv)`, what
+lines through the real entry point, `dpbert.runtime.cli.run(main, NAME, argv)`, what
 `python launch/NAME.py ARGS` does, and reports exit code, stdout and stderr per case.
 """
 
@@ -19,7 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 _DRIVER = r"""
 import contextlib, io, json, sys, time, types
 from absl import flags
-from dpbert import cli
+from dpbert.runtime import cli
 script, name, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 # The launcher becomes __main__ (its docstring is the help, its flags the main module's), all
 # but its `if __name__ == "__main__":` block, which each case replaces with cli.run(...).

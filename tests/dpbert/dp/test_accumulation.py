@@ -10,7 +10,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from dpbert import optimizers
+from dpbert.runtime import optimizers
 from dpbert.dp import accumulation, trees
 from tests.dpbert.dp import helpers
 

@@ -9,8 +9,12 @@ import optax
 import pytest
 from flax import nnx
 
-from dpbert import losses, optimizers, sharding
-from dpbert import model as model_lib
+from dpbert.models import losses
+
+from dpbert.runtime import optimizers
+
+from dpbert.runtime import sharding
+from dpbert.models import bert as model_lib
 from dpbert.dp import accumulation, clipping, trees
 from tests.dpbert.dp import helpers
 

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from dpbert import losses, sharding
+from dpbert.models import losses
+from dpbert.runtime import sharding
 from dpbert.dp import clipping, ghost, mixed_ghost, trees
 from tests.dpbert.dp import helpers
 

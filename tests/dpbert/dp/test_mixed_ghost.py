@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dpbert import losses
-from dpbert import model as model_lib
+from dpbert.models import losses
+from dpbert.models import bert as model_lib
 from dpbert.dp import clipping, ghost, mixed_ghost, units
 from tests.dpbert.dp import helpers
 

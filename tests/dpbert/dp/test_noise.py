@@ -186,7 +186,7 @@ def test_noise_stddev_values():
 
 
 def _layout_case():
-    from dpbert import sharding
+    from dpbert.runtime import sharding
 
     mesh = sharding.make_mesh(4, 2)
     rep = sharding.replicated(mesh)
@@ -205,7 +205,7 @@ def test_noise_layouts_split_only_replicated_parameters():
     assert layouts["c"].spec == P(None, ("data", "fsdp"))
     assert layouts["b"] is None   # no axis divides 8
     assert layouts["d"] is None   # sharded: its noise is drawn in its own layout
-    from dpbert import sharding
+    from dpbert.runtime import sharding
 
     one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
     rep1 = sharding.replicated(one)

@@ -18,8 +18,10 @@ import torch
 import transformers
 from flax import nnx
 
-from dpbert import hf, losses
-from dpbert import model as model_lib
+from dpbert.models import hf
+
+from dpbert.models import losses
+from dpbert.models import bert as model_lib
 from dpbert.dp import clipping, ghost
 from tests.dpbert.dp import helpers
 

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from configs import common
-from dpbert import losses
-from dpbert import model as model_lib
+from dpbert.models import losses
+from dpbert.models import bert as model_lib
 from dpbert.dp import clipping, ghost, sampling, units
 from dpbert.dp import plan as plan_lib
 from dpbert.errors import ConfigError

@@ -1,0 +1,1 @@
+"""BERT in Flax NNX, its task heads, its losses and Hugging Face import/export."""

@@ -1,0 +1,544 @@
+"""Import from and export to Hugging Face `transformers` BERT folders.
+
+A HF BERT folder holds `config.json`, the weights (`model.safetensors`, or the older
+`pytorch_model.bin`), `vocab.txt` and `tokenizer_config.json`. dpbert's module tree mirrors HF's
+BERT names, so a parameter path maps to a PyTorch key mechanically:
+
+    bert/encoder/layer/3/attention/self/query/kernel  <->  bert.encoder.layer.3.attention.self.query.weight (transposed)
+    .../LayerNorm/scale <-> .../LayerNorm.weight          .../word_embeddings/embedding <-> ...weight
+
+PyTorch `nn.Linear` stores weights as [out, in]; Flax kernels are [in, out], hence the transpose.
+The MLM decoder is tied to the word embeddings and has no tensor of its own on our side; on
+export HF re-ties `cls.predictions.decoder.{weight,bias}` from `bert.embeddings.word_embeddings`
+and `cls.predictions.bias`, so they are not written twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from data_pipelines import fileio, tokenization
+from dpbert.models import bert as model_lib
+from dpbert.reporting import lineage
+from dpbert.reporting import report as report_lib
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+VOCAB_REPORT = "vocab_privacy.json"  # the DP vocabulary's report, beside its vocab.txt
+# Buffers some checkpoints carry that are not parameters.
+_IGNORED_SOURCE_KEYS = ("embeddings.position_ids",)
+# Source keys that the tied decoder makes redundant.
+_TIED_SOURCE_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# Parameter groups that may be absent from a source checkpoint (initialised fresh, with a warning).
+# A BertModel has no `cls.*`; a BertForMaskedLM has no pooler and no NSP head.
+_OPTIONAL_PREFIXES = ("bert.pooler.", "cls.")
+
+
+class CheckpointError(ValueError):
+    """A HF folder that cannot be read as BERT; the message names the file and the key."""
+
+
+class ExportError(ValueError):
+    """An export destination that cannot be used; the message names the folder."""
+
+
+# ----------------------------------------------------------------------------- names and layouts
+
+
+def _flat_params(model: nnx.Module) -> dict[tuple[str, ...], nnx.Variable]:
+    """{path: Param variable} for every parameter of the model (paths of str components)."""
+    state = nnx.state(model, nnx.Param)
+    return {tuple(str(p) for p in path): var for path, var in nnx.to_flat_state(state)}
+
+
+def hf_key(path: tuple[str, ...]) -> str:
+    """The PyTorch state-dict key of a dpbert parameter path."""
+    *prefix, leaf = path
+    if leaf in ("kernel", "embedding", "scale"):
+        leaf = "weight"
+    return ".".join([*prefix, leaf])
+
+
+def _is_linear_kernel(path: tuple[str, ...]) -> bool:
+    return path[-1] == "kernel"
+
+
+def to_hf_tensor(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+    """dpbert layout -> PyTorch layout (Dense kernels [in, out] -> weights [out, in])."""
+    value = np.asarray(value, dtype=np.float32)
+    return np.ascontiguousarray(value.T) if _is_linear_kernel(path) else value
+
+
+def from_hf_tensor(path: tuple[str, ...], value: np.ndarray) -> np.ndarray:
+    """PyTorch layout -> dpbert layout."""
+    value = np.asarray(value, dtype=np.float32)
+    return np.ascontiguousarray(value.T) if _is_linear_kernel(path) else value
+
+
+def _normalise_source_key(key: str) -> str:
+    """Brings the key spellings of older checkpoints to today's HF names."""
+    parts = key.split(".")
+    if parts[-1] == "gamma":
+        parts[-1] = "weight"
+    elif parts[-1] == "beta":
+        parts[-1] = "bias"
+    return ".".join(parts)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def config_from_hf(hf: Mapping[str, Any], source: str = "config.json",
+                   dtype: str = "float32") -> model_lib.BertConfig:
+    """Validates a HF config dict and turns it into a `BertConfig`."""
+    model_type = hf.get("model_type")
+    if model_type != "bert":
+        raise CheckpointError(
+            f"{source}: key 'model_type' is {model_type!r}; dpbert reads BERT checkpoints only "
+            "(model_type 'bert')")
+    act = hf.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise CheckpointError(
+            f"{source}: key 'hidden_act' is {act!r}; dpbert's BERT uses the exact erf GELU "
+            "('gelu') and would not reproduce this model")
+    pos = hf.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        raise CheckpointError(
+            f"{source}: key 'position_embedding_type' is {pos!r}; only 'absolute' is supported")
+    fields = {f.name for f in dataclasses.fields(model_lib.BertConfig)} - {"dtype"}
+    kwargs = {}
+    for name in fields:
+        if name in hf and hf[name] is not None:
+            kwargs[name] = hf[name]
+    if "vocab_size" not in kwargs:
+        raise CheckpointError(f"{source}: key 'vocab_size' is missing")
+    try:
+        return model_lib.BertConfig(**kwargs, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: {e}") from e
+
+
+def config_to_hf(config: model_lib.BertConfig) -> dict[str, Any]:
+    """The `config.json` transformers expects for `BertForPreTraining`."""
+    out = {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        "hidden_act": "gelu",
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+    for f in dataclasses.fields(config):
+        if f.name != "dtype":
+            out[f.name] = getattr(config, f.name)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading weights
+
+
+def _find_weights(folder: pathlib.Path) -> pathlib.Path:
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    if (folder / "model.safetensors.index.json").is_file():
+        return folder / "model.safetensors.index.json"
+    raise CheckpointError(
+        f"{folder}: no weights found (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def read_state_dict(weights: pathlib.Path) -> dict[str, np.ndarray]:
+    """Reads a safetensors file (or a sharded index) or a PyTorch pickle into NumPy arrays."""
+    if weights.name.endswith(".index.json"):
+        index = json.loads(weights.read_text())
+        out: dict[str, np.ndarray] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            out.update(read_state_dict(weights.parent / shard))
+        return out
+    if weights.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        try:
+            return load_file(str(weights))
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from e
+    try:
+        import torch
+    except ImportError as e:
+        raise CheckpointError(
+            f"{weights}: reading pytorch_model.bin needs PyTorch (pip install torch==2.13.0), "
+            "or convert the folder to model.safetensors") from e
+    sd = torch.load(str(weights), map_location="cpu", weights_only=True)
+    return {k: v.detach().to(torch.float32).numpy() for k, v in sd.items()}
+
+
+def read_config(folder: pathlib.Path, *, dtype: str = "float32"
+                ) -> tuple[dict[str, Any], model_lib.BertConfig]:
+    """(config.json as a dict, its BertConfig) of a HF BERT folder; CheckpointError naming the
+    file when the folder, the file or its JSON is missing or malformed."""
+    hf_config = read_bert_config_json(folder)
+    return hf_config, config_from_hf(hf_config, str(folder / "config.json"), dtype=dtype)
+
+
+def read_bert_config_json(folder: str | os.PathLike) -> dict[str, Any]:
+    """config.json of a Hugging Face folder, as a dict, if its model_type is 'bert';
+    CheckpointError naming the file otherwise (a missing folder, file or JSON, a GPT-2 or other
+    model). What every reader of a BERT folder checks first, even one that needs only the
+    embeddings (dχ analyses)."""
+    folder = pathlib.Path(folder)
+    config_file = folder / "config.json"
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
+    try:
+        hf_config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{config_file}: not valid JSON ({e})") from e
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_file}: not a JSON object")
+    model_type = hf_config.get("model_type")
+    if model_type != "bert":
+        raise CheckpointError(
+            f"{config_file}: key 'model_type' is {model_type!r}; dpbert reads BERT checkpoints "
+            "only (model_type 'bert')")
+    return hf_config
+
+
+# What a group of fresh keys is, for the warning and the model card.
+_HEAD_NAMES = (("bert.pooler.", "the pooler"), ("cls.predictions.", "the MLM head"),
+               ("cls.seq_relationship.", "the NSP head"))
+
+
+def fresh_heads(missing: Sequence[str]) -> list[str]:
+    """The heads that `missing` HF keys (initialised fresh by `load_pretrained`) belong to, as
+    'the MLM head (cls.predictions.*)' phrases, in a fixed order."""
+    out = []
+    for prefix, name in _HEAD_NAMES:
+        if any(k.startswith(prefix) for k in missing):
+            out.append(f"{name} ({prefix}*)")
+    return out
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+                    ) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig]:
+    """Loads a HF BERT folder (BertModel, BertForMaskedLM or BertForPreTraining layouts).
+
+    Keys may carry the `bert.` prefix or not. Heads absent from the source (pooler, MLM head,
+    NSP head) are initialised fresh (seeded by `seed`) and named in a warning
+    (`load_pretrained_with_fresh_keys` returns them too). Any missing encoder weight, unexpected
+    shape or malformed file is a `CheckpointError` naming the file and the key.
+    """
+    model, config, _ = load_pretrained_with_fresh_keys(path, dtype=dtype, seed=seed)
+    return model, config
+
+
+def load_pretrained_with_fresh_keys(
+        path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig, list[str]]:
+    """`load_pretrained`, and the HF keys that were not in the source and were initialised
+    fresh (empty for a complete `BertForPreTraining` folder)."""
+    folder = pathlib.Path(path)
+    hf_config, config = read_config(folder, dtype=dtype)
+    weights = _find_weights(folder)
+    source = {_normalise_source_key(k): v for k, v in read_state_dict(weights).items()}
+    # A BertModel checkpoint has no `bert.` prefix; the heads never do.
+    if not any(k.startswith("bert.") for k in source):
+        source = {(k if k.startswith("cls.") else "bert." + k): v for k, v in source.items()}
+
+    model = model_lib.create_model(config, seed=seed)
+    params = _flat_params(model)
+    missing = []
+    for p, var in params.items():
+        key = hf_key(p)
+        if key not in source:
+            if key.startswith(_OPTIONAL_PREFIXES):
+                missing.append(key)
+                continue
+            raise CheckpointError(f"{weights}: key {key!r} is missing (needed by the BERT encoder)")
+        value = from_hf_tensor(p, source.pop(key))
+        if value.shape != var.shape:
+            raise CheckpointError(
+                f"{weights}: key {key!r} has shape {tuple(source_shape(p, value))}, expected "
+                f"{tuple(source_shape(p, np.zeros(var.shape)))} for this config.json")
+        var.set_value(jnp.asarray(value))
+
+    decoder = source.pop("cls.predictions.decoder.weight", None)
+    if decoder is not None:
+        table = np.asarray(params[("bert", "embeddings", "word_embeddings", "embedding")][...])
+        if decoder.shape != table.shape or not np.allclose(decoder, table):
+            logger.warning("%s: cls.predictions.decoder.weight differs from the word embeddings; "
+                           "dpbert ties them and keeps the word embeddings", weights)
+    source.pop("cls.predictions.decoder.bias", None)  # HF ties it to cls.predictions.bias
+    unexpected = [k for k in source if not k.endswith(_IGNORED_SOURCE_KEYS)]
+    if missing:
+        logger.warning("%s: not in the source checkpoint, initialised fresh: %s", weights,
+                       ", ".join(missing))
+    if unexpected:
+        logger.warning("%s: ignored keys that BertForPreTraining does not have: %s", weights,
+                       ", ".join(sorted(unexpected)))
+    return model, config, missing
+
+
+def source_shape(path: tuple[str, ...], value: np.ndarray) -> tuple[int, ...]:
+    """The shape a dpbert array has in the PyTorch layout (for error messages)."""
+    return tuple(reversed(value.shape)) if _is_linear_kernel(path) else tuple(value.shape)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def state_dict(model: nnx.Module) -> dict[str, np.ndarray]:
+    """The PyTorch-layout state dict (float32 NumPy), tied decoder not duplicated."""
+    return {hf_key(p): to_hf_tensor(p, np.asarray(jax.device_get(var[...])))
+            for p, var in _flat_params(model).items()}
+
+
+def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any] | None,
+               source: str | None, num_params: int, do_lower_case: bool,
+               architecture: str = "BertForPreTraining",
+               extra_sections: Sequence[str] = ()) -> str:
+    """A model card (README.md) whose privacy section states only what is true.
+
+    `architecture` is the transformers class the folder is for; `extra_sections` are Markdown
+    blocks appended at the end (e.g. a fine-tuning run's input-privacy statement)."""
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags:",
+        "- bert",
+        "- dpbert",
+        *(["- differential-privacy"] if privacy_report and privacy_report.get("private")
+          else []),
+        "---",
+        "",
+        "# BERT exported by dpbert",
+        "",
+        f"A `{architecture}` model ({config.num_hidden_layers} layers, hidden "
+        f"{config.hidden_size}, {config.num_attention_heads} heads, vocabulary "
+        f"{config.vocab_size}, {num_params:,} parameters; "
+        f"{'uncased' if do_lower_case else 'cased'}) written by dpbert on "
+        f"{datetime.date.today().isoformat()}.",
+        "",
+        "```python",
+        f"from transformers import {architecture}, BertTokenizerFast",
+        f'model = {architecture}.from_pretrained("PATH")',
+        "```",
+        "",
+    ]
+    if source:
+        lines += [f"Weights were converted from `{source}`.", ""]
+    lines += report_lib.card_section(privacy_report)
+    for section in extra_sections:
+        lines += [section.rstrip("\n"), ""]
+    return "\n".join(lines)
+
+
+def looks_like_hf_folder(path: str | os.PathLike) -> bool:
+    """Whether `path` holds a Hugging Face model (config.json and weights): the only kind of
+    non-empty folder `save_pretrained` replaces."""
+    folder = pathlib.Path(path)
+    return (folder / "config.json").is_file() and any(
+        (folder / name).is_file() for name in (*WEIGHT_FILES, "model.safetensors.index.json"))
+
+
+def check_export_destination(path: str | os.PathLike, *, overwrite: bool,
+                             sources: Sequence[tuple[str, str | os.PathLike]] = (),
+                             inside_sources_ok: bool = False) -> None:
+    """Raises ExportError unless `path` can receive an export: absent, an empty folder, or (with
+    `overwrite`) a previous Hugging Face export; its parent must be writable. Never an empty
+    path, the current directory (or a folder holding it), nor a folder that is, lies inside
+    (unless `inside_sources_ok`) or holds one of `sources` ((name, path) pairs: what the export
+    reads; `fileio.path_problem`): the swap that puts the export in place would delete it."""
+    problem = fileio.path_problem(path, sources=sources, inside_sources_ok=inside_sources_ok)
+    if problem:
+        raise ExportError(f"{path}: {problem}")
+    out = pathlib.Path(path)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out}: is a file; the export needs a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ExportError(
+                f"{out}: is not empty; an export into it would mix the files of two models "
+                "(e.g. a stale tokenizer.json); choose an empty or new folder, or pass "
+                "--overwrite to replace a previous export")
+        if not looks_like_hf_folder(out):
+            raise ExportError(
+                f"{out}: is not empty and is not a Hugging Face model folder (no config.json + "
+                "weights); not replacing it even with --overwrite")
+    problem = fileio.output_folder_problem(out)
+    if problem:
+        raise ExportError(f"{out}: {problem}")
+
+
+def save_pretrained(model: model_lib.BertForPreTraining, path: str | os.PathLike,
+                    vocab_file: str | os.PathLike, *, do_lower_case: bool = True,
+                    model_max_length: int | None = None,
+                    privacy_report: Mapping[str, Any] | None = None,
+                    source: str | None = None, overwrite: bool = True,
+                    architecture: str = "BertForPreTraining",
+                    hf_config_overrides: Mapping[str, Any] | None = None,
+                    card_sections: Sequence[str] = ()) -> pathlib.Path:
+    """Writes a HF BERT folder that `transformers.BertForPreTraining.from_pretrained` loads.
+
+    Task models (`dpbert.models.heads`) pass their `architecture` and the config keys HF needs for it
+    (`hf_config_overrides`, e.g. id2label); `dpbert.models.hf_heads.save_task_model` does that.
+
+    Files: config.json, model.safetensors, vocab.txt, tokenizer_config.json, README.md (a model
+    card with a privacy section), privacy_report.json (`report.public_report` of
+    `privacy_report`, the training's report, or of None: a conversion without a run; no exact
+    corpus statistic; a run that starts from this folder composes it, `dpbert.reporting.lineage`), and
+    vocab_privacy.json when the vocabulary has one beside it (only its shippable fields: its
+    privacy cost then travels with the vocabulary into runs that start from this folder).
+
+    The folder is replaced as a whole, never merged: everything is written to a sibling
+    temporary folder, which then takes the place of `path` by renames (the previous export is
+    moved aside first and deleted last, and put back if the swap fails). So a reader sees the
+    old export or the new one, never a mix (no stale tokenizer.json of another vocabulary
+    beside these weights), and a failure before the swap leaves `path` as it was.
+
+    Args:
+      overwrite: whether an existing non-empty `path` may be replaced (it must then be a
+        Hugging Face export: `looks_like_hf_folder`). Training's own WORKDIR/hf relies on the
+        default; `launch/export_hf.py` passes its --overwrite flag.
+
+    Raises:
+      ExportError: `path` is a file, not empty (without `overwrite`), not a HF folder, or not
+        writable.
+      ValueError: the vocabulary does not match the model.
+    """
+    from safetensors.numpy import save_file
+
+    config: model_lib.BertConfig = model.config
+    vocab = tokenization.load_vocab(vocab_file)
+    if len(vocab) != config.vocab_size:
+        raise ValueError(f"{vocab_file}: has {len(vocab)} tokens but the model's vocab_size is "
+                         f"{config.vocab_size}")
+    out = pathlib.Path(path)
+    check_export_destination(out, overwrite=overwrite)
+    tensors = state_dict(model)
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": do_lower_case,
+        "model_max_length": model_max_length or config.max_position_embeddings,
+        "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+        "cls_token": "[CLS]", "mask_token": "[MASK]",
+    }
+    public_report = report_lib.public_report(privacy_report)
+    card = model_card(config, privacy_report=public_report, source=source,
+                      num_params=model_lib.count_params(model), do_lower_case=do_lower_case,
+                      architecture=architecture, extra_sections=card_sections)
+    hf_config = config_to_hf(config)
+    hf_config["architectures"] = [architecture]
+    hf_config.update(hf_config_overrides or {})
+    parent = out.absolute().parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=parent, prefix=f".{out.name}.tmp-export-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would hide the export from other users
+    try:
+        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+        (tmp / "README.md").write_text(card, encoding="utf-8")
+        (tmp / lineage.REPORT_FILE).write_text(
+            json.dumps(public_report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        vocab_report = pathlib.Path(vocab_file).parent / VOCAB_REPORT
+        if vocab_report.is_file():
+            public = report_lib.public_vocab_report(json.loads(vocab_report.read_text()))
+            (tmp / VOCAB_REPORT).write_text(json.dumps(public, indent=2) + "\n")
+        _swap_in(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _swap_in(new: pathlib.Path, out: pathlib.Path) -> None:
+    """Puts folder `new` at `out` (same filesystem): the old `out`, if any, is renamed aside,
+    `new` renamed in, then the old one deleted; on failure the old one is put back."""
+    old = None
+    if out.exists():
+        old = pathlib.Path(tempfile.mkdtemp(dir=out.absolute().parent,
+                                            prefix=f".{out.name}.old-export-"))
+        os.rmdir(old)
+        os.replace(out, old)
+    try:
+        os.replace(new, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
+                   overwrite: bool = False) -> pathlib.Path:
+    """Round-trips a HF BERT folder through dpbert (load, then save; `overwrite` as for
+    `save_pretrained`, checked before the source is loaded). The same weights carry the same
+    privacy: the source's privacy_report.json (if any) is the export's."""
+    src = pathlib.Path(src)
+    # The source may be neither the destination, nor inside it (the swap would delete it), nor
+    # hold it (the export would land inside the model it reads), whatever symlinks or relative
+    # spellings name them.
+    check_export_destination(dst, overwrite=overwrite, sources=[(f"folder {src}", src)])
+    source_report = lineage.read_report(src)
+    model, _, missing = load_pretrained_with_fresh_keys(src)
+    do_lower_case = True
+    tok_cfg = src / "tokenizer_config.json"
+    if tok_cfg.is_file():
+        do_lower_case = bool(json.loads(tok_cfg.read_text()).get("do_lower_case", True))
+    vocab = src / "vocab.txt"
+    if not vocab.is_file():
+        raise CheckpointError(f"{vocab}: missing; the export needs the source's vocab.txt")
+    # A headless source (a BertModel: no MLM/NSP head) is exported as BertForPreTraining with
+    # heads initialised at random here; transformers cannot warn (the weights are present in
+    # the export), so the card says so.
+    sections = [fresh_heads_section(src, missing)] if missing else []
+    return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
+                           overwrite=overwrite, privacy_report=source_report,
+                           card_sections=sections)
+
+
+def fresh_heads_section(src: str | os.PathLike, missing: Sequence[str]) -> str:
+    """The model card's note on heads that the source lacked and this export initialised at
+    random (`missing`: their HF keys)."""
+    heads = fresh_heads(missing)
+    outputs = {"the pooler": "the pooled output", "the MLM head": "the masked-LM predictions",
+               "the NSP head": "the next-sentence scores"}
+    meaningless = [v for k, v in outputs.items() if any(h.startswith(k) for h in heads)]
+    if any(h.startswith("the pooler") for h in heads) and \
+            "the next-sentence scores" not in meaningless:
+        meaningless.append("the next-sentence scores (computed from the pooled output)")
+    return "\n".join([
+        "## Freshly initialised heads",
+        "",
+        f"`{src}` has no weights for {_join(heads)}: this export initialised "
+        f"{'it' if len(heads) == 1 else 'them'} at random, so {_join(meaningless)} mean "
+        "nothing until the model is trained further. Every other weight (the encoder) is the "
+        "source's. `transformers` cannot warn about this when it loads this folder, since the "
+        "weights are present in it.",
+        "",
+        "Initialised fresh: " + ", ".join(f"`{k}`" for k in missing) + ".",
+    ])
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -1,0 +1,472 @@
+"""What a run may claim: privacy_report.json and the privacy section of the model card.
+
+The headline is the TOTAL cost of everything that read the private corpus, per stated unit:
+
+    total = vocabulary (if it was built from the private corpus)
+            + training (this run's DP-SGD, composed with the DP-SGD of the starting model when
+              its data may overlap: `dpbert.reporting.lineage`)
+            + the other vocabularies of that starting model's total        (basic composition)
+
+Basic composition: epsilons add, deltas add. The vocabulary's guarantee is for adding or
+removing one of ITS records (a document/note, or a patient when built with its notes grouped by
+SUBJECT_ID). Under the training's neighbouring relation a unit may instead MODIFY records (one
+training sequence takes its text from up to 2 documents; removing a note modifies its patient's
+record) or span several of them (a patient's notes in a per-note vocabulary, up to the public
+cap `vocab.max_records_per_unit`); `vocab_relation` decides which, from public facts only, and
+`data_pipelines.vocab_privacy.histogram_guarantee` computes the vocabulary's (epsilon, delta)
+under it with dp_accounting from the mechanism (never a data-dependent multiplier).
+
+Two reports: WORKDIR/privacy_report.json is the run's full report, PRIVATE: it adds exact
+statistics of the training corpus (`units`, `unit_multiplicity`: examples per unit, documents,
+subjects) for the operator. `public_report` drops them; it is what an export ships
+(`privacy_report.json` beside the weights and the card's privacy section) and what a later run
+reads to compose its lineage.
+
+Anything that voids the claim makes the run "not private" with the reason in the headline:
+noise or sampling from a public seed (`dpbert.dp.randomness`), a vocabulary built from the
+private corpus without DP or with a public seed, a starting model trained on (possibly) the same
+data without DP, or no DP at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+from dpbert.dp import accounting
+from dpbert.dp import randomness
+
+NOT_COVERED = (
+    "Not covered by epsilon: training and held-out metrics (metrics.jsonl, TensorBoard, the "
+    "console: loss, accuracy, num_nonfinite, held-out MLM numbers) are exact aggregates over "
+    "private data, checkpoints hold un-noised gradient sums and the run's secret noise key, and "
+    "the workdir's privacy_report.json holds exact corpus statistics. Treat them like the "
+    "training data; share the model folder (its privacy_report.json is the public report).")
+UNITS_NOTE = "exact statistics of the training corpus (not privatized; never shipped)"
+MULTIPLICITY_NOTE = ("exact statistics of the training corpus (not privatized; never shipped), "
+                     "stated so that the operator can judge group privacy")
+RELEASED_NOTE = ("The public report: what may ship with the model. Exact statistics of the "
+                 "private corpus (examples, documents and subjects per unit) are not in it; they "
+                 "stay in the training workdir's privacy_report.json. The public parameters of "
+                 "the mechanism are: sigma, C, the expected batch size, q, N (the number of "
+                 "training units, which the accountant needs), the truncation size, the steps, "
+                 "delta and the accountant.")
+# Fields of a run's report that hold exact corpus statistics (the workdir's report only).
+PRIVATE_FIELDS = ("units", "unit_multiplicity")
+# Vocabulary report fields that may travel with a model (the rest are exact corpus counts).
+VOCAB_PUBLIC_FIELDS = ("dp", "epsilon", "delta", "K", "unit", "neighbouring_relation",
+                       "example_definition", "format", "mechanism", "accounting",
+                       "secret_randomness", "vocab_size", "num_learned_tokens", "noise_scale",
+                       "threshold", "delta_noise", "delta_threshold", "record_identity",
+                       "duplicate_ids")
+# Fields of a vocabulary part that the run computed (public: parameters and their guarantee).
+_VOCAB_PART_FIELDS = ("stage", "read_private_data", "origin", "vocab_sha256",
+                      "vocabulary_epsilon", "vocabulary_delta", "relation", "records",
+                      "relation_note", "private", "why", "assumption", "warning")
+
+
+def fmt_eps(x: float | None) -> str:
+    """A privacy number in prose: 3 significant digits."""
+    if x is None:
+        return "inf"
+    return f"{x:.3g}"
+
+
+def unit_definition(privacy_unit: str, max_seq_length: int | None,
+                    max_examples_per_unit: int | None = None, unit_key: str = "") -> str:
+    """One sentence: what the guarantee protects (`unit_key`: "SUBJECT_ID" or "document", the
+    key a patient was grouped by)."""
+    if privacy_unit == "example":
+        length = f" of at most {max_seq_length} tokens" if max_seq_length else ""
+        return f"one training sequence{length} ([CLS] A [SEP] B [SEP])"
+    per_batch = (f", at most {max_examples_per_unit} per batch"
+                 if max_examples_per_unit else "")
+    if privacy_unit == "patient" and unit_key == "document":
+        return ("one patient, here one document (the corpus has no SUBJECT_IDs), with all the "
+                f"training sequences made from it{per_batch}")
+    return {"note": f"one note (document) with all the training sequences made from "
+                    f"it{per_batch}",
+            "patient": f"one patient (SUBJECT_ID) with all the training sequences made from "
+                       f"their notes{per_batch}"}.get(privacy_unit, privacy_unit)
+
+
+def vocab_unit(vocab_report: Mapping[str, Any] | None) -> str:
+    """What the vocabulary's neighbouring records are: "patient" or "document" (a note, or a
+    document of a text corpus; reports written before the field existed are per document)."""
+    return str((vocab_report or {}).get("unit", "document"))
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabRelation:
+    """How one training unit's neighbour changes the vocabulary's records: "add_remove" of
+    `records` whole records or "replace" (modification) of `records` records; `records` is a
+    public bound. `why` says it in words."""
+
+    relation: str
+    records: int
+    why: str
+
+
+def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
+                   per_sequence: bool = True, unit_key: str = "",
+                   max_records_per_unit: int | None = None,
+                   observed_records_per_unit: int | None = None) -> VocabRelation:
+    """The vocabulary's neighbouring relation under the training's (module docstring), from
+    public facts: the two units, how sequences are made, and the public cap
+    `max_records_per_unit` (`vocab.max_records_per_unit`) where one training unit may span
+    several vocabulary records. `observed_records_per_unit` (private: the most vocabulary records
+    one training unit of this corpus spans, when known) is only CHECKED against the cap: a
+    corpus that exceeds it is refused (ConfigError), so the released claim depends on the cap
+    alone.
+
+    `per_sequence`: the training unit "example" is a pretraining sequence (True; its text comes
+    from up to 2 documents) or a fine-tuning example (False; assumed to lie within one record).
+    """
+    from dpbert.errors import ConfigError  # noqa: PLC0415
+
+    v = vocab_unit(vocab_report)
+    if privacy_unit == "example":
+        if per_sequence:
+            return VocabRelation("replace", 2, (
+                f"one training sequence takes its text from up to 2 {v}s (segment A, and a "
+                f"'random next' segment B from another one); removing it modifies those {v}s' "
+                "vocabulary records"))
+        return VocabRelation("replace", 1, (
+            f"one fine-tuning example is assumed to lie within one {v} of the vocabulary's "
+            "corpus; removing it modifies that record"))
+    if privacy_unit == "note" and v == "patient":
+        return VocabRelation("replace", 1, "removing one note modifies its patient's vocabulary "
+                                           "record (a patient's notes are one record)")
+    if privacy_unit == "patient" and (v == "patient" or unit_key == "document"):
+        return VocabRelation("add_remove", 1, (
+            "one training patient is one vocabulary record" if v == "patient" else
+            "the corpus has no SUBJECT_IDs: one training patient is one document, one "
+            "vocabulary record"))
+    # A per-document vocabulary and a training unit that may span several documents (a patient's
+    # notes; a note unit spans one document, since duplicated ROW_IDs are refused or merged
+    # before anything reads them, `data_pipelines.identity`): the public cap, checked.
+    cap = int(max_records_per_unit) if max_records_per_unit else 1
+    if observed_records_per_unit is not None and observed_records_per_unit > cap:
+        what = "patient" if privacy_unit == "patient" else "note (ROW_ID)"
+        raise ConfigError(
+            f"config.vocab.max_records_per_unit={max_records_per_unit!r}: the vocabulary is DP "
+            f"per document and one training {what} of this corpus spans more documents than "
+            f"that, so the vocabulary's guarantee per {privacy_unit} would not hold. Build the "
+            "vocabulary per patient (launch/build_vocab.py --unit=patient, or let the run build "
+            "it), or set vocab.max_records_per_unit to a public bound on documents per "
+            f"{privacy_unit} that the corpus respects (the vocabulary then counts that many "
+            "times, by group privacy)")
+    if cap == 1:
+        return VocabRelation("add_remove", 1, f"one training {privacy_unit} is one document, one "
+                                              "vocabulary record")
+    return VocabRelation("add_remove", cap, (
+        f"one training {privacy_unit} spans up to {cap} documents (the public bound "
+        "vocab.max_records_per_unit, checked on the corpus), each one vocabulary record"))
+
+
+def units_part(plan, units: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The training report's unit fields (None per example): the accountant's N is the number
+    of units, each contributing at most K sequences per logical batch."""
+    if not getattr(plan, "per_unit", False):
+        return None
+    return {"num_units": int(plan.num_examples),
+            "max_examples_per_unit": int(plan.max_examples_per_unit),
+            "unit_loss": plan.unit_loss,
+            "unit_key": (units or {}).get("unit_key")}
+
+
+def public_vocab_report(vocab_report: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a vocabulary report that may be shipped (drops exact corpus counts)."""
+    out = {k: vocab_report[k] for k in VOCAB_PUBLIC_FIELDS if k in vocab_report}
+    if "secret_randomness" not in out and vocab_report.get("dp"):
+        # Reports written before the field existed say it in the noise_rng text.
+        out["secret_randomness"] = "NOT for a release" not in str(vocab_report.get("noise_rng"))
+    return out
+
+
+_ORIGINS = {"file": "config.vocab.file", "checkpoint": "the starting model's folder",
+            "built": "built from the training corpus by this run"}
+
+
+def vocabulary_part(vocab_report: Mapping[str, Any] | None, origin: str,
+                    relation: VocabRelation | None, vocab_sha256: str | None = None
+                    ) -> dict[str, Any]:
+    """The vocabulary's row of the total (`origin`: "built" from the training corpus here,
+    "file" (config.vocab.file) or "checkpoint" (the starting model's vocab.txt)); `relation`:
+    `vocab_relation` for the run (None only without a report)."""
+    if vocab_report is None:
+        where = _ORIGINS.get(origin, origin)
+        return {"stage": "vocabulary", "read_private_data": False, "epsilon": 0.0,
+                "delta": 0.0, "private": True, "origin": origin, "vocab_sha256": vocab_sha256,
+                "assumption": f"the vocabulary ({where}, no vocab_privacy.json beside it) was "
+                              "not built from the private corpus",
+                "warning": "a vocabulary without vocab_privacy.json is counted as public; if "
+                           "it was built from this corpus, this total is wrong"}
+    part: dict[str, Any] = {"stage": "vocabulary", "read_private_data": True, "origin": origin,
+                            "vocab_sha256": vocab_sha256, **public_vocab_report(vocab_report)}
+    if not vocab_report.get("dp"):
+        part.update(private=False, epsilon=None, delta=None,
+                    why="the vocabulary was built WITHOUT differential privacy (raw word "
+                        "counts); if it read the private corpus there is no guarantee")
+        return part
+    from data_pipelines import vocab_privacy  # noqa: PLC0415
+
+    eps_v, delta_v = float(vocab_report["epsilon"]), float(vocab_report["delta"])
+    guarantee = vocab_privacy.histogram_guarantee(
+        vocab_privacy.privacy_from_report(vocab_report), relation.relation, relation.records)
+    part.update(vocabulary_epsilon=eps_v, vocabulary_delta=delta_v,
+                relation=relation.relation, records=relation.records,
+                relation_note=f"{relation.why}: {guarantee.explanation}",
+                epsilon=float(guarantee.epsilon), delta=float(guarantee.delta),
+                private=bool(part.get("secret_randomness", True)))
+    if not part["private"]:
+        part["why"] = ("the vocabulary's noise was derived from a public seed (vocab.seed set, "
+                       "or --seed of launch/build_vocab.py); rebuild it from OS entropy for a "
+                       "release (vocab.seed=None in a pretraining run, no --seed)")
+    return part
+
+
+def public_vocabulary_part(part: Mapping[str, Any]) -> dict[str, Any]:
+    """A vocabulary part with only shippable fields."""
+    return {k: v for k, v in part.items()
+            if k in VOCAB_PUBLIC_FIELDS or k in _VOCAB_PART_FIELDS}
+
+
+def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_unit: str,
+                  secret: bool, target_epsilon: float | None,
+                  stopped_by_budget: bool, units: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The DP-SGD row: `accounting.privacy_report` of the composed ledger (`units`:
+    `units_part`, for privacy units of several sequences). With inherited segments (a starting
+    model trained on data that may overlap, `dpbert.reporting.lineage`) epsilon is their composition with
+    this run's; `this_run_epsilon` is this run's alone."""
+    total_steps = ledger.closed_steps + steps_in_segment
+    part = accounting.privacy_report(ledger.current, total_steps, clip_norm=clip_norm,
+                                     privacy_unit=privacy_unit,
+                                     epsilon=ledger.epsilon(steps_in_segment))
+    if units:
+        part.update(units)
+        part["note"] = part["note"].split(" The privacy unit")[0] + (
+            f" The sampler draws whole {privacy_unit}s (Poisson over the {units['num_units']} "
+            f"units, num_examples counts units), each contributing at most "
+            f"{units['max_examples_per_unit']} sequences to a logical batch, and the clipper "
+            f"clips each unit's gradient (the {units['unit_loss']} of its sequences' losses) "
+            "once to clip_norm: one unit changes the clipped sum by at most clip_norm.")
+    part["segments"] = ledger.to_json(steps_in_segment)
+    if ledger.closed:
+        part["note"] += (f" The run was resumed under {len(ledger.closed) + 1} different "
+                         "mechanisms (segments); epsilon is dp_accounting's composition of "
+                         "all of them.")
+    if ledger.inherited:
+        part["inherited_segments"] = ledger.inherited_json()
+        part["this_run_epsilon"] = ledger.own_epsilon(steps_in_segment)
+        part["note"] += (f" Epsilon composes this run's DP-SGD with the "
+                         f"{len(ledger.inherited)} segments ("
+                         f"{sum(s.steps for s in ledger.inherited)} steps) of the starting "
+                         "model's training on data that may overlap (model.init_data='same'), "
+                         "in one dp_accounting event; this_run_epsilon is this run's alone.")
+    part.update(stage="training", secret_randomness=secret, target_epsilon=target_epsilon,
+                stopped_by_budget=stopped_by_budget,
+                private=secret and part["proven_bound"],
+                randomness=randomness.SECRET_NOTE if secret else randomness.SEEDED_NOTE)
+    if not secret:
+        part["why"] = ("the training noise and batch sampling were derived from a public seed "
+                       "(dp.insecure_seeded_noise=True)")
+    elif not part["proven_bound"]:
+        part["why"] = accounting.SHUFFLE_NOTE
+    return part
+
+
+def _lineage_parts(vocabulary: dict[str, Any], lineage) -> tuple[dict, list[dict], list[dict]]:
+    """(this run's vocabulary part, the starting model's other vocabularies, a part voiding the
+    claim) for `lineage` (`dpbert.reporting.lineage.Lineage` or None). A vocabulary of the starting
+    model's total that this run uses again (same sha256) is counted once, as this run's: from
+    the starting model's report when this run found no report beside it."""
+    if lineage is None:
+        return vocabulary, [], []
+    inherited = []
+    for v in lineage.vocabularies:
+        if vocabulary.get("vocab_sha256") and v.get("vocab_sha256") == vocabulary[
+                "vocab_sha256"]:
+            if not vocabulary.get("read_private_data"):
+                vocabulary = {**v, "origin": "the starting model (its report)"}
+            continue
+        inherited.append({**v, "stage": "vocabulary of the starting model"})
+    void = ([{"stage": "starting model", "read_private_data": True, "private": False,
+              "epsilon": None, "delta": None, "why": lineage.voids}] if lineage.voids else [])
+    return vocabulary, inherited, void
+
+
+def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
+               *, privacy_unit: str, max_seq_length: int | None,
+               multiplicity: Mapping[str, Any] | None, steps: int,
+               unit: str | None = None,
+               units: Mapping[str, Any] | None = None,
+               max_examples_per_unit: int | None = None,
+               lineage=None) -> dict[str, Any]:
+    """privacy_report.json (the workdir's, private; `public_report` gives the shippable one):
+    the total first, then its parts. `unit`: what one example is, in words (a task's own
+    definition; default `unit_definition`); `units`: the data's unit summary for privacy units
+    of several sequences; `lineage`: `dpbert.reporting.lineage.Lineage` of the starting model."""
+    unit = unit or unit_definition(privacy_unit, max_seq_length, max_examples_per_unit,
+                                   (units or {}).get("unit_key", ""))
+    report: dict[str, Any] = {"dp": training is not None, "steps": steps,
+                              "privacy_unit": privacy_unit, "unit_definition": unit}
+    if units:
+        report["units"] = {**units, "max_examples_per_unit": max_examples_per_unit,
+                           "note": UNITS_NOTE}
+    if multiplicity:
+        report["unit_multiplicity"] = {**multiplicity, "note": MULTIPLICITY_NOTE}
+    vocabulary, inherited, void = _lineage_parts(vocabulary, lineage)
+    if lineage is not None:
+        report["lineage"] = [lineage.entry()]
+    if inherited:
+        report["inherited_vocabularies"] = inherited
+    if training is None:
+        report.update(private=False, epsilon=None, delta=None,
+                      headline="No differential-privacy guarantee: trained without DP-SGD "
+                               "(dp.enabled=False).",
+                      note="trained without differential privacy (dp.enabled=False)")
+        if vocabulary.get("read_private_data"):
+            report["vocabulary"] = vocabulary
+        return report
+    parts = [p for p in (vocabulary, *inherited, training, *void)
+             if p.get("read_private_data", True)]
+    private = all(p.get("private") for p in parts)
+    finite = all(p.get("epsilon") is not None for p in parts)
+    eps = sum(p["epsilon"] for p in parts) if finite else None
+    delta = sum(p["delta"] for p in parts) if finite else None
+    report.update(epsilon=eps, delta=delta, private=private and finite,
+                  proven_bound=training["proven_bound"],
+                  composition="basic composition (epsilons add, deltas add) of: " +
+                              ", ".join(p["stage"] for p in parts),
+                  training=training, vocabulary=vocabulary, not_covered=NOT_COVERED)
+    report["headline"] = _headline(report, parts, unit)
+    return report
+
+
+def _headline(report: Mapping[str, Any], parts: list[dict], unit: str) -> str:
+    why = [p["why"] for p in parts if p.get("why")]
+    if report["epsilon"] is None:
+        return "No differential-privacy guarantee: " + " ".join(why)
+    claim = (f"({fmt_eps(report['epsilon'])}, {report['delta']:.3g})-differential privacy with "
+             f"respect to {unit}, for everything that read the private data (" +
+             " + ".join(f"{p['stage']} {fmt_eps(p['epsilon'])}" for p in parts) + ").")
+    if not report["private"]:
+        return "NOT PRIVATE: " + "; ".join(why) + ". Nominal figure, not a guarantee: " + claim
+    return claim
+
+
+def public_report(report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What may ship with a model: the run's report without exact corpus statistics
+    (`PRIVATE_FIELDS`; a vocabulary part keeps only its public fields), tagged with its format
+    so that a later run can read its lineage (`dpbert.reporting.lineage`). None: a model without a
+    dpbert run (a conversion)."""
+    from dpbert.reporting import lineage as lineage_lib  # noqa: PLC0415
+
+    if report is None:
+        return {"format": lineage_lib.REPORT_FORMAT, "dp": False, "private": False,
+                "read_private_data": False, "epsilon": None, "delta": None,
+                "headline": "No differential-privacy guarantee is claimed: converted by dpbert "
+                            "from a folder without a dpbert privacy report."}
+    out = {k: v for k, v in report.items() if k not in PRIVATE_FIELDS}
+    if isinstance(out.get("vocabulary"), Mapping):
+        out["vocabulary"] = public_vocabulary_part(out["vocabulary"])
+    if out.get("inherited_vocabularies"):
+        out["inherited_vocabularies"] = [public_vocabulary_part(v)
+                                         for v in out["inherited_vocabularies"]]
+    out["format"] = lineage_lib.REPORT_FORMAT
+    out["released"] = RELEASED_NOTE
+    return json.loads(json.dumps(out, default=str))
+
+
+# ------------------------------------------------------------------------------- model card
+
+def _flat(report: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    rows = []
+    for key, value in report.items():
+        if isinstance(value, Mapping):
+            rows += _flat(value, f"{prefix}{key}.")
+        elif key not in ("segments", "inherited_segments", "lineage",
+                         "inherited_vocabularies", "released"):
+            rows.append((f"{prefix}{key}", value))
+    return rows
+
+
+def _vocab_line(v: Mapping[str, Any], what: str = "Vocabulary") -> str:
+    if v.get("epsilon") is None:
+        return f"- {what}: {v.get('why')}"
+    return (f"- {what} (DP WordPiece, per {v.get('example_definition', v.get('unit', 'document'))}"
+            f"): ({fmt_eps(v['vocabulary_epsilon'])}, {v['vocabulary_delta']:.3g}) for adding or "
+            f"removing one of its records; under this run's unit ({v.get('relation_note')}): "
+            f"({fmt_eps(v['epsilon'])}, {v['delta']:.3g})"
+            + ("" if v.get("private") else f". {v.get('why')}"))
+
+
+def lineage_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = []
+    for entry in report.get("lineage") or []:
+        base = (f"({fmt_eps(entry['epsilon'])}, {entry['delta']:.3g})"
+                if entry.get("epsilon") is not None else "no DP guarantee")
+        lines.append(f"- Starting model (model.init_from_hf): {base}; {entry['how']}. Its "
+                     f"headline: \"{entry.get('headline')}\"")
+    for v in report.get("inherited_vocabularies") or []:
+        lines.append(_vocab_line(v, "Vocabulary of the starting model's total"))
+    return lines
+
+
+def card_section(report: Mapping[str, Any] | None) -> list[str]:
+    """The card's "## Privacy" section (markdown lines) for a run's PUBLIC report (None: no
+    run)."""
+    lines = ["## Privacy", ""]
+    if not report or not report.get("read_private_data", True):
+        return lines + [
+            "No differential-privacy guarantee is claimed for this model. It was exported by "
+            "dpbert without a DP training run attached, so it carries whatever the source "
+            "weights learned from their training data.", ""]
+    if not report.get("dp") and not report.get("vocabulary") and not report.get("lineage"):
+        return lines + [
+            "No differential-privacy guarantee is claimed for this model: it was trained "
+            "without DP-SGD (dp.enabled=False).", ""]
+    lines += [f"**{report['headline']}**", ""]
+    if report.get("dp"):
+        t = report["training"]
+        per_unit = (f" of {t['num_units']} {report['privacy_unit']}s (at most "
+                    f"{t['max_examples_per_unit']} sequences each per batch, the "
+                    f"{t['unit_loss']} of their losses clipped once per {report['privacy_unit']})"
+                    if t.get("num_units") else "")
+        inherited = (f" (composed with the starting model's DP-SGD on data that may overlap; "
+                     f"this run alone: {fmt_eps(t['this_run_epsilon'])})"
+                     if t.get("inherited_segments") else "")
+        lines += [
+            f"- Training (DP-SGD): ({fmt_eps(t['epsilon'])}, {t['delta']:.3g}){inherited}, "
+            f"`{t['accountant']}` accountant of `dp_accounting`, "
+            f"{t['sampling']} sampling{per_unit}, noise multiplier {t['noise_multiplier']:.4g}, "
+            f"clip norm {t['clip_norm']}, {t['steps']} steps; {t['randomness']}"]
+    v = report.get("vocabulary") or {}
+    if v.get("read_private_data"):
+        lines.append(_vocab_line(v))
+    elif v.get("assumption"):
+        lines.append(f"- Vocabulary: assumed public: {v['assumption']}. WARNING: "
+                     f"{v.get('warning', '')}.")
+    lines += lineage_lines(report)
+    if report.get("dp"):
+        lines.append(f"- Total: {report['composition']}.")
+    lines.append(f"- What one unit is: {report['unit_definition']}."
+                 + (f" The guarantee covers a whole {report['privacy_unit']} directly (no group "
+                    "privacy)." if report.get("privacy_unit") in ("note", "patient") else
+                    " One note or one patient lands in many training sequences, so a guarantee "
+                    "for a whole sentence, note or patient follows only by group privacy and is "
+                    "much weaker (how many sequences each touches is an exact corpus statistic, "
+                    "kept in the training workdir's report)."
+                    if str(report.get("unit_definition", "")).startswith("one training "
+                                                                         "sequence")
+                    and report.get("dp") else ""))
+    if report.get("not_covered"):
+        lines.append(f"- {report['not_covered']}")
+    lines += ["", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v if isinstance(v, str) else json.dumps(v)} |"
+              for k, v in _flat(report)]
+    lines.append("")
+    return lines

@@ -1,0 +1,800 @@
+"""The pretraining task on the sharded DP training loop end to end: demo config, sharding/multi-host equivalence,
+kill-and-resume, SIGTERM, budget, bad configs, export."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import transformers
+
+from configs import demo_dp
+from data_pipelines import tokenization
+from dpbert.runtime import checkpointing
+from dpbert import dp as dp_lib
+from dpbert.runtime import sharding
+from dpbert.dp import plan as plan_lib
+from dpbert.dp import trees
+from dpbert.errors import ConfigError
+from dpbert.tasks import pretraining as train
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """Shared instance cache and vocabulary so each run skips the offline stages."""
+    return tmp_path_factory.mktemp("train_cache")
+
+
+# The demo config shrunk to seconds: 48 synthetic notes, seq 32, 4 steps. Flat
+# "section.field" keys, so the same values serve in-process runs and launch/train.py flags.
+SMALL = {
+    "data.synthetic_num_notes": 48, "data.max_seq_length": 32,
+    "data.max_predictions_per_seq": 5, "data.eval_fraction": 0.1, "vocab.size": 1000,
+    "model.max_position_embeddings": 32, "batch.expected_batch_size": 16,
+    "batch.physical_batch_size": 16, "batch.microbatch_size": 8, "dp.noise_multiplier": 1.0,
+    # Never binding here; test_budget_* covers the budget.
+    "dp.target_epsilon": 100.0, "dp.delta": 1e-4, "dp.overflow_probability": 1e-3,
+    "train.num_steps": 4, "train.log_every": 2, "train.eval_every": 2, "train.eval_batches": 1,
+    "train.eval_batch_size": 16, "optimizer.warmup_steps": 1, "checkpoint.every_steps": 2,
+    "checkpoint.async_save": False,
+    # Runs that are compared with each other share their randomness: a seeded vocabulary and
+    # noise/sampling from config.seed (NOT private). The secret path is what the demo and
+    # test_secret_* tests run.
+    "vocab.seed": 0, "dp.insecure_seeded_noise": True,
+}
+SECRET = {"vocab.seed": None, "dp.insecure_seeded_noise": False}
+
+
+def override(c, values: dict):
+    """Sets flat "section.field" keys on a ConfigDict; returns it."""
+    for key, value in values.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def small_config(cache_dir: pathlib.Path, **overrides):
+    return override(demo_dp.get_config(), {
+        **SMALL, "data.cache_dir": str(cache_dir / "instances"), **overrides})
+
+
+def saved_dropout_key(workdir: pathlib.Path) -> np.ndarray:
+    """The DP state's per-example (dropout) key in the newest checkpoint of a workdir."""
+    import orbax.checkpoint as ocp
+
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    manager, step = ckpt._manager, ckpt.latest_step()  # noqa: SLF001
+    tree = manager.item_metadata(step)["state"]
+    tree = getattr(tree, "tree", tree)
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                            tree)
+    out = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    ckpt.close()
+    return np.asarray(out["state"]["dp"]["rng"])
+
+
+def final_params(workdir: pathlib.Path, step: int | None = None):
+    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
+    step = ckpt.latest_step() if step is None else step
+    params, _ = ckpt.restore_params(step)
+    ckpt.close()
+    return params, step
+
+
+def assert_trees(a, b, exact: bool, **tol):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        if exact:
+            np.testing.assert_array_equal(x, y)
+        else:
+            np.testing.assert_allclose(x, y, **tol)
+
+
+def run_cli(*args, **kw):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def cli_train_args(workdir, cache_dir, extra=()):
+    """launch/train.py flags reproducing `small_config(cache_dir)`."""
+    flat = {**SMALL, "data.cache_dir": str(cache_dir / "instances")}
+    args = [REPO / "launch" / "train.py", "--config=configs/demo_dp.py", f"--workdir={workdir}"]
+    args += [f"--config.{k}={v}" for k, v in flat.items()]
+    return args + list(extra)
+
+
+@pytest.mark.slow
+def test_demo_config_end_to_end(cache_dir, tmp_path):
+    workdir = tmp_path / "run"
+    report = train.train_and_evaluate(small_config(cache_dir, **SECRET), workdir)
+    saved = json.loads((workdir / "privacy_report.json").read_text())
+    training = saved["training"]
+    for field in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
+                  "clip_norm", "sampling", "expected_batch_size", "num_examples", "steps",
+                  "accountant", "privacy_unit", "noise_mode"):
+        assert field in training, field
+    assert saved == json.loads(json.dumps(report, default=str))
+    assert training["steps"] == 4 and np.isfinite(training["epsilon"]) and training["epsilon"] > 0
+    assert training["secret_randomness"] is True and saved["private"] is True
+    assert saved["vocabulary"]["dp"] is True
+    # The reported training epsilon is what launch/privacy.py says for the same parameters.
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "privacy.py"), "epsilon",
+         f"--num_examples={training['num_examples']}", "--batch_size=16",
+         "--noise_multiplier=1.0", "--steps=4", f"--delta={training['delta']}",
+         f"--max_batch_size={training['max_batch_size']}", "--json"],
+        capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["epsilon"] == pytest.approx(training["epsilon"], rel=1e-9)
+    # The headline is the total: the vocabulary plus training, by basic composition. Removing
+    # one training sequence modifies the (up to 2) notes it reads from: the vocabulary's cost is
+    # group privacy at 2 of its replace-one guarantee, computed from its mechanism.
+    from data_pipelines import vocab_privacy
+
+    vocab = saved["vocabulary"]
+    assert (vocab["relation"], vocab["records"]) == ("replace", 2)
+    built = json.loads((workdir / "vocab" / "vocab_privacy.json").read_text())
+    want = vocab_privacy.histogram_guarantee(vocab_privacy.privacy_from_report(built),
+                                             "replace", 2)
+    assert (vocab["epsilon"], vocab["delta"]) == (want.epsilon, want.delta)
+    assert vocab["epsilon"] > 2 * vocab["vocabulary_epsilon"]  # more than removing 2 notes
+    assert saved["epsilon"] == pytest.approx(vocab["epsilon"] + training["epsilon"])
+    assert saved["delta"] == pytest.approx(vocab["delta"] + training["delta"])
+    for unit in ("sentence", "document", "subject"):
+        m = saved["unit_multiplicity"][unit]
+        assert m["max"] >= 1 and 0 < m["mean"] <= m["max"], (unit, m)
+    # TensorBoard event files and the metric log.
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+    lines = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/mlm_accuracy" in l for l in lines)
+    assert any("eval/mlm_accuracy" in l for l in lines)
+    assert all("privacy/epsilon" in l for l in lines if "train/loss" in l)
+    # The Hugging Face export loads without missing or unexpected keys.
+    model, info = transformers.BertForPreTraining.from_pretrained(workdir / "hf",
+                                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    card = (workdir / "hf" / "README.md").read_text()
+    assert saved["headline"] in card and f"({saved['epsilon']:.3g}, " in saved["headline"]
+    assert "one training sequence of at most 32 tokens" in card
+    assert "follows only by group privacy" in card
+    assert "| vocabulary.epsilon |" in card and '"dp": true' not in card  # fields, not JSON
+    # What ships is the public report: the workdir's without exact corpus statistics (grep
+    # over every text file of the exported folder).
+    from dpbert.reporting import report as report_lib
+
+    shipped = json.loads((workdir / "hf" / "privacy_report.json").read_text())
+    assert shipped == report_lib.public_report(saved)
+    exported = " ".join(f.read_text() for f in (workdir / "hf").iterdir()
+                        if f.suffix in (".json", ".md", ".txt"))
+    for key in ("unit_multiplicity", "documents_per_example_max", "subjects_per_example_max",
+                "train_documents", "train_subjects", '"num_examples": ' + str(
+                    built["num_examples"]), "num_distinct_words", "records_read"):
+        assert key not in exported, key
+    for unit in ("sentence", "document", "subject"):
+        m = saved["unit_multiplicity"][unit]
+        assert f"in up to {m['max']}" not in exported and f"mean {m['mean']:.3g}" not in card
+    # The vocabulary's report travels with the export, without the corpus counts.
+    shipped = json.loads((workdir / "hf" / "vocab_privacy.json").read_text())
+    assert shipped["epsilon"] == vocab["vocabulary_epsilon"] and "num_examples" not in shipped
+    # Nothing that derives the noise or the batches is written outside the checkpoint.
+    sampler_seed = checkpointing.Checkpointer(workdir / "checkpoints").read_meta(4)[
+        "sampler"]["seed"]
+    for path in workdir.rglob("*"):
+        if path.is_file() and "checkpoints" not in path.parts and path.suffix in (
+                ".json", ".jsonl", ".md", ".txt"):
+            assert str(sampler_seed) not in path.read_text(errors="ignore"), path
+    # Exporting a saved step from the workdir gives the same weights.
+    proc = run_cli(REPO / "launch" / "export_hf.py", f"--workdir={workdir}",
+                   f"--out={tmp_path / 'exp2'}", "--step=2")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "differential privacy" in (tmp_path / "exp2" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_continuing_from_a_dp_export_composes_what_it_spent(cache_dir, tmp_path):
+    """Issue 29's repro: a second run initialised from a first run's export, on the same notes,
+    reports the composition of both trainings (one dp_accounting event of 6 steps, not 3) and
+    counts the shared vocabulary once."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    steps = {"train.num_steps": 3, "train.eval_every": 0, "checkpoint.every_steps": 0}
+    first = train.train_and_evaluate(small_config(cache_dir, **SECRET, **steps),
+                                     tmp_path / "first")
+    second = train.train_and_evaluate(small_config(cache_dir, **SECRET, **steps, **{
+        "model.init_from_hf": str(tmp_path / "first" / "hf")}), tmp_path / "second")
+    t1, t2 = first["training"], second["training"]
+
+    def event(t):
+        spec = t["segments"][0]["spec"]
+        q = spec["expected_batch_size"] / spec["num_examples"]
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.TruncatedSubsampledGaussianDpEvent(
+                spec["num_examples"], q, spec["max_batch_size"], spec["noise_multiplier"]),
+            t["segments"][0]["steps"])
+
+    both = pld_privacy_accountant.PLDAccountant().compose(
+        dp_accounting.ComposedDpEvent([event(t1), event(t2)])).get_epsilon(t2["delta"])
+    assert t2["epsilon"] == pytest.approx(both, rel=1e-9)
+    assert t2["this_run_epsilon"] == pytest.approx(t1["epsilon"], rel=1e-9)  # same mechanism
+    assert t2["inherited_segments"] == t1["segments"]
+    # The same vocabulary (the first run's, shipped in its export): counted once.
+    v1, v2 = first["vocabulary"], second["vocabulary"]
+    assert v2["vocab_sha256"] == v1["vocab_sha256"] and v2["origin"] == "checkpoint"
+    assert v2["epsilon"] == v1["epsilon"] and "inherited_vocabularies" not in second
+    assert second["epsilon"] == pytest.approx(v2["epsilon"] + both)
+    assert second["epsilon"] >= first["epsilon"] + (both - t1["epsilon"]) - 1e-9
+    assert second["lineage"][0]["relation"] == "same"
+    card = (tmp_path / "second" / "hf" / "README.md").read_text()
+    assert "Starting model (model.init_from_hf)" in card and first["headline"] in card
+    # A third generation carries both earlier trainings.
+    shipped = json.loads((tmp_path / "second" / "hf" / "privacy_report.json").read_text())
+    assert shipped["training"]["inherited_segments"] == t1["segments"]
+
+
+# Plan-only tests: a physical batch as large as N means no truncation, which keeps the
+# accountant fast (truncated Poisson accounting is covered in tests/dpbert/dp).
+UNTRUNCATED = {"batch.physical_batch_size": 1024, "batch.microbatch_size": None}
+
+
+def test_noise_multiplier_changes_epsilon_as_the_accountant_says(cache_dir):
+    for sigma in (0.8, 1.6):
+        c = small_config(cache_dir, **{"dp.noise_multiplier": sigma, "train.num_steps": 50,
+                                       **UNTRUNCATED})
+        plan = plan_lib.from_config(c, num_examples=1000, num_shards=8)
+        expected = dp_lib.compute_epsilon(
+            noise_multiplier=sigma, expected_batch_size=16, num_examples=1000, steps=50,
+            delta=1e-4)
+        assert plan.spec.max_batch_size is None
+        assert plan.spec.epsilon(50) == pytest.approx(expected, rel=1e-12)
+    lo = plan_lib.from_config(small_config(cache_dir, **{"dp.noise_multiplier": 1.6, **UNTRUNCATED}),
+                         1000, 8)
+    hi = plan_lib.from_config(small_config(cache_dir, **{"dp.noise_multiplier": 0.8, **UNTRUNCATED}),
+                         1000, 8)
+    assert lo.spec.epsilon(50) < hi.spec.epsilon(50)
+
+
+def test_budget_stops_at_last_step_within_target(cache_dir):
+    c = small_config(cache_dir, **{"train.num_steps": 1000, "dp.target_epsilon": None,
+                                   **UNTRUNCATED})
+    eps_at = lambda t: plan_lib.from_config(c, 1000, 8).spec.epsilon(t)
+    target = (eps_at(300) + eps_at(301)) / 2
+    c.dp.target_epsilon = target
+    plan = plan_lib.from_config(c, 1000, 8)
+    assert plan.num_steps == 300
+    assert plan.spec.epsilon(300) <= target < plan.spec.epsilon(301)
+
+
+def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
+    c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 3.0,
+                                   "train.num_steps": 200, **UNTRUNCATED})
+    plan = plan_lib.from_config(c, 1000, 8)
+    assert plan.num_steps == 200
+    assert plan.spec.epsilon(200) <= 3.0
+    assert plan.spec.epsilon(200) > 2.9  # calibrated, not merely safe
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"batch.physical_batch_size": 12, "batch.microbatch_size": None},
+     "physical_batch_size=12 is not divisible by the 8 devices"),
+    ({"dp.delta": 0.5}, r"dp.delta=0.5 must be < 1/N"),
+    ({"data.corpus": "text", "data.paths": ("/nonexistent/corpus.txt",),
+      "vocab.file": ""}, "nonexistent/corpus.txt"),
+    ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
+    ({"dp.clip_norm": 0.0}, "clip_norm"),
+    ({"dp.clipping": "ghost"}, r"config.dp.clipping='ghost': must be one of"),
+    ({"dp.clipping": "mixed_ghost", "dp.privacy_unit": "note"},
+     r"config.dp.clipping='mixed_ghost': mixed_ghost clips one example"),
+])
+def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, match):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        train.train_and_evaluate(small_config(cache_dir, **overrides), tmp_path / "bad")
+
+
+def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
+    proc = run_cli(REPO / "launch" / "train.py", "--config=configs/demo_dp.py",
+                   f"--workdir={tmp_path}", "--config.dp.noise_multiplierr=2.0")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "noise_multiplierr" in out
+
+
+@pytest.mark.slow
+def test_incompatible_checkpoint_is_refused(cache_dir, tmp_path):
+    workdir = tmp_path / "run"
+    # 3 steps, as in the other 8-device runs: the step count is compiled into the step (the
+    # schedule), so runs of the same count share one XLA compilation (the tests' cache).
+    train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 3}), workdir)
+    with pytest.raises(checkpointing.IncompatibleCheckpointError,
+                       match=r"dp.clip_norm: checkpoint=1.0 config=2.0"):
+        train.train_and_evaluate(small_config(cache_dir, **{"dp.clip_norm": 2.0}), workdir)
+    # More steps is a compatible change: the run resumes and continues.
+    report = train.train_and_evaluate(small_config(cache_dir, **{"train.num_steps": 4}), workdir)
+    assert report["steps"] == 4
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_device(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
+    train.train_and_evaluate(c, tmp_path / "one", devices=jax.devices()[:1])
+    train.train_and_evaluate(c, tmp_path / "eight")
+    c2 = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
+                                    "mesh.data": 4, "mesh.fsdp": 2})
+    train.train_and_evaluate(c2, tmp_path / "fsdp")
+    one, _ = final_params(tmp_path / "one")
+    eight, _ = final_params(tmp_path / "eight")
+    fsdp, _ = final_params(tmp_path / "fsdp")
+    assert_trees(one, eight, exact=False, rtol=2e-4, atol=2e-6)
+    assert_trees(one, fsdp, exact=False, rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_ghost_embedding_clipping_equals_vmap_clipping(cache_dir, tmp_path):
+    """dp.clipping only changes how the clipped sum is computed, not the training run."""
+    runs = {}
+    for clipping in ("vmap", "ghost_embedding", "mixed_ghost"):
+        c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
+                                       "train.eval_every": 0, "checkpoint.every_steps": 0,
+                                       "dp.clipping": clipping})
+        # One device keeps this test short; the clippers' equality on a (data, fsdp) mesh is
+        # tested in tests/dpbert/dp/test_ghost.py.
+        train.train_and_evaluate(c, tmp_path / clipping, devices=jax.devices()[:1])
+        runs[clipping], step = final_params(tmp_path / clipping)
+        assert step == 3
+    for clipping in ("ghost_embedding", "mixed_ghost"):
+        assert_trees(runs[clipping], runs["vmap"], exact=False, rtol=2e-4, atol=2e-6)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_equal_one_process_of_eight(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
+    train.train_and_evaluate(c, tmp_path / "single")
+    port = _free_port()
+    env_flags = "--xla_force_host_platform_device_count=4"
+    procs = []
+    for pid in range(2):
+        args = cli_train_args(tmp_path / "multi", cache_dir,
+                              ["--config.train.num_steps=3", "--config.train.export_hf=False",
+                               f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                               f"--process_id={pid}"])
+        env = dict(os.environ, PYTHONPATH=str(REPO), XLA_FLAGS=env_flags)
+        procs.append(subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-4000:]
+    single, _ = final_params(tmp_path / "single")
+    multi, _ = final_params(tmp_path / "multi")
+    assert_trees(single, multi, exact=False, rtol=2e-4, atol=2e-6)
+
+
+def _wait_for_checkpoint(workdir: pathlib.Path, proc, min_step: int, timeout=300):
+    deadline = time.time() + timeout
+    ckpts = workdir / "checkpoints"
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stdout.read()[-3000:]}")
+        names = [p.name for p in ckpts.iterdir()] if ckpts.is_dir() else []
+        # A step folder is complete once orbax renamed it from its temporary name.
+        if any(n.isdigit() and int(n) >= min_step for n in names) and \
+                not any("tmp" in n for n in names):
+            return
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint appeared in time")
+
+
+@pytest.mark.slow
+def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
+    """Secret noise and sampling (the default): a run killed with -9, resumed, stopped with
+    Ctrl-C and resumed again ends bitwise equal to its twin, which continued without
+    interruption from the same checkpoint (the only way two runs share secrets)."""
+    overrides = {"train.num_steps": 8, "checkpoint.every_steps": 3, "train.export_hf": False,
+                 "checkpoint.max_to_keep": 5}
+    flags = ["--config.dp.insecure_seeded_noise=False"] + [
+        f"--config.{k}={v}" for k, v in overrides.items()]
+    resumed, twin = tmp_path / "resumed", tmp_path / "twin"
+    # 1) kill -9 after the step-3 checkpoint is complete; the twin branches off here.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
+    _wait_for_checkpoint(resumed, proc, 3)
+    proc.kill()
+    proc.wait()
+    shutil.copytree(resumed, twin)
+    train.train_and_evaluate(small_config(cache_dir, **overrides,
+                                          **{"dp.insecure_seeded_noise": False}), twin)
+    # 2) resume; Ctrl-C (SIGINT; SIGTERM takes the same path) after the step-6 checkpoint:
+    # saves the current step and exits 130.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
+    _wait_for_checkpoint(resumed, proc, 6)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode in (0, 130), out[-3000:]
+    # 3) resume to the end.
+    proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+    a, step_a = final_params(twin)
+    b, step_b = final_params(resumed)
+    assert step_a == step_b == 8
+    assert_trees(a, b, exact=True)
+    report = json.loads((resumed / "privacy_report.json").read_text())
+    assert report["training"]["secret_randomness"] is True
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_says_saved_only_once_it_is_and_the_rerun_resumes_there(cache_dir,
+                                                                                   tmp_path):
+    """Issue 35: under heavy load a run printed 'stopped by SIGTERM: checkpoint saved at step
+    N', yet its checkpoint folder held only N.orbax-checkpoint-tmp and the rerun started from
+    step 0 (the message came before the asynchronous save was done; a supervisor's SIGKILL
+    right after it lost the save). A CPU hog loads the machine, SIGTERM arrives during the
+    run, and the process is killed the moment it says 'saved': the step must be on disk and
+    the rerun must resume from it."""
+    import re  # noqa: PLC0415
+
+    workdir = tmp_path / "w"
+    overrides = {"train.num_steps": 400, "train.log_every": 1, "train.eval_every": 0,
+                 "checkpoint.every_steps": 0, "checkpoint.async_save": True,
+                 "train.export_hf": False}
+    flags = [f"--config.{k}={v}" for k, v in overrides.items()]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
+    lines = []
+    try:
+        proc = subprocess.Popen([sys.executable, *map(str, cli_train_args(workdir, cache_dir,
+                                                                          flags))],
+                                cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("step 2/"):
+                proc.send_signal(signal.SIGTERM)
+            if "stopped by SIGTERM" in line:
+                proc.kill()  # what a supervisor does when its grace period is over
+                break
+        proc.wait(timeout=300)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    out = "".join(lines)
+    assert f"no checkpoint in {workdir / 'checkpoints'}: starting fresh at step 0" in out, out
+    m = re.search(r"stopped by SIGTERM: checkpoint of step (\d+) saved", out)
+    assert m, out[-3000:]
+    step = int(m.group(1))
+    assert step >= 2
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == [str(step)]
+    # The rerun resumes at that step (one more step, then done).
+    rerun = run_cli(*cli_train_args(workdir, cache_dir,
+                                    flags + [f"--config.train.num_steps={step + 1}"]))
+    text, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, text[-3000:]
+    assert f"resumed from {workdir / 'checkpoints' / str(step)} at step {step}" in text
+    assert final_params(workdir)[1] == step + 1
+
+
+@pytest.mark.slow
+def test_secret_randomness_differs_between_runs_of_the_same_command(cache_dir, tmp_path):
+    # At least two steps: the learning rate of the first (warm-up) step is 0 (3, to share the
+    # compiled step of the other 3-step runs).
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
+                                   "train.eval_every": 0, "checkpoint.every_steps": 0,
+                                   "dp.insecure_seeded_noise": False})
+    for name in ("a", "b"):
+        train.train_and_evaluate(c, tmp_path / name)
+    a, _ = final_params(tmp_path / "a")
+    b, _ = final_params(tmp_path / "b")
+    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))]
+    assert all(moved)  # every leaf got other noise
+    # Dropout is secret too (keyed by batch position, which the secret sample decides): other
+    # in every run, and not the public seed's key.
+    seed_key = np.asarray(jax.random.PRNGKey(c.seed))
+    key_a, key_b = (saved_dropout_key(tmp_path / name) for name in ("a", "b"))
+    assert not np.array_equal(key_a, key_b)
+    assert not np.array_equal(key_a, seed_key) and not np.array_equal(key_b, seed_key)
+    # The config written to the workdir is the same; nothing in it derives the noise.
+    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json"
+                                                             ).read_text()
+
+
+def test_resume_reuses_the_calibrated_sigma_and_the_budget_covers_it(cache_dir):
+    """A calibrated run extended with more steps keeps its sigma (the first segment spent at
+    that sigma) and the budget stops it; a larger target lets it go on at the same sigma."""
+    c = small_config(cache_dir, **{"dp.noise_multiplier": None, "dp.target_epsilon": 2.0,
+                                   "train.num_steps": 2, **UNTRUNCATED})
+    first = plan_lib.from_config(c, 1000, 8)
+    sigma, saved = first.noise_multiplier, first.ledger.to_json(2)
+    assert first.ledger.epsilon(2) <= 2.0
+    c.train.num_steps = 20
+    spent = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=2)
+    assert spent.noise_multiplier == sigma and spent.num_steps == 2
+    assert spent.ledger.epsilon(2) == first.ledger.epsilon(2)
+    c.dp.target_epsilon = 3.0
+    more = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=2)
+    assert more.noise_multiplier == sigma and 2 < more.num_steps < 20
+    direct = lambda t: dp_lib.compute_epsilon(noise_multiplier=sigma, expected_batch_size=16,
+                                              num_examples=1000, steps=t, delta=1e-4)
+    assert more.ledger.epsilon(more.num_steps) == pytest.approx(direct(more.num_steps), rel=1e-12)
+    assert direct(more.num_steps) <= 3.0 < direct(more.num_steps + 1)
+
+
+def _composed(segments, delta=1e-4, n=1000, b=16):
+    """dp_accounting's epsilon of Poisson segments [(sigma_eff, steps)], written here."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(b / n, dp_accounting.GaussianDpEvent(s)), t)
+        for s, t in segments])
+    return pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(delta)
+
+
+def test_per_shard_resume_on_other_devices_composes_the_segments(cache_dir):
+    c = small_config(cache_dir, **{"dp.noise_mode": "per_shard", "dp.target_epsilon": None,
+                                   "train.num_steps": 30, **UNTRUNCATED})
+    one = plan_lib.from_config(c, 1000, 1)
+    saved = one.ledger.to_json(10)
+    c.train.num_steps = 40
+    eight = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=10)
+    assert [s.steps for s in eight.ledger.closed] == [10]
+    expected = _composed([(1.0, 10), (8 ** 0.5, 30)])
+    assert eight.ledger.epsilon(30) == pytest.approx(expected, rel=1e-9)
+    assert eight.ledger.progress_epsilon(30) == pytest.approx(expected, rel=1e-6)
+    # The budget counts the first segment too.
+    c.dp.target_epsilon = (_composed([(1.0, 10), (8 ** 0.5, 20)]) +
+                           _composed([(1.0, 10), (8 ** 0.5, 21)])) / 2
+    capped = plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=10)
+    assert capped.num_steps == 30
+    # A ledger that does not match the checkpoint's step is refused.
+    with pytest.raises(ConfigError, match="ledger covers 10 steps"):
+        plan_lib.from_config(c, 1000, 8, saved_ledger=saved, start_step=12)
+
+
+@pytest.mark.slow
+def test_per_shard_resume_from_one_to_eight_devices_reports_the_composition(cache_dir,
+                                                                           tmp_path):
+    c = small_config(cache_dir, **{"dp.noise_mode": "per_shard", "train.num_steps": 1,
+                                   "train.export_hf": False, "train.eval_every": 0,
+                                   "checkpoint.every_steps": 1})
+    train.train_and_evaluate(c, tmp_path / "run", devices=jax.devices()[:1])
+    c.train.num_steps = 3
+    report = train.train_and_evaluate(c, tmp_path / "run")
+    t = report["training"]
+    segments = t["segments"]
+    assert [(s["spec"]["num_shards"], s["steps"]) for s in segments] == [(1, 1), (8, 2)]
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+    n, m = t["num_examples"], t["max_batch_size"]
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.TruncatedSubsampledGaussianDpEvent(n, 16 / n, m, s), k)
+        for s, k in ((1.0, 1), (8 ** 0.5, 2))])
+    direct = pld_privacy_accountant.PLDAccountant().compose(event).get_epsilon(t["delta"])
+    assert t["epsilon"] == pytest.approx(direct, rel=1e-9) and t["steps"] == 3
+
+
+@pytest.mark.slow
+def test_resume_on_changed_training_data_is_refused(cache_dir, tmp_path):
+    from data_pipelines import synthetic_notes
+
+    corpus = tmp_path / "notes.txt.gz"
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
+    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
+                                   "train.eval_every": 0, "data.corpus": "text",
+                                   "data.paths": (str(corpus),)})
+    train.train_and_evaluate(c, tmp_path / "run")
+    # Other notes in the same file: the config is unchanged, the data are not.
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=4))
+    config_before = (tmp_path / "run" / "config.json").stat().st_mtime_ns
+    with pytest.raises(ConfigError, match="training examples differ"):
+        train.train_and_evaluate(c, tmp_path / "run")
+    assert (tmp_path / "run" / "config.json").stat().st_mtime_ns == config_before
+
+
+@pytest.fixture(scope="module")
+def hf_start(tmp_path_factory):
+    """A small 'pretrained' BERT folder + a public text corpus, for privacy-adaptive runs."""
+    from data_pipelines import dp_vocab, synthetic_notes
+    from dpbert.models import hf
+    from dpbert.models import bert as model_lib
+
+    root = tmp_path_factory.mktemp("pa")
+    corpus = root / "corpus.txt.gz"
+    synthetic_notes.write_text_corpus(corpus, synthetic_notes.generate_synthetic(48, seed=3))
+    dp_vocab.build_vocab(corpus, "text", 1000, None, None, 64, root / "vocab", dp=False,
+                         seed=0, progress=False)
+    vocab = tokenization.load_vocab(root / "vocab" / "vocab.txt")
+    model = model_lib.create_model(model_lib.BertConfig.preset(
+        "tiny", len(vocab), max_position_embeddings=64), seed=5)
+    hf.save_pretrained(model, root / "bert", root / "vocab" / "vocab.txt")
+    return root / "bert", corpus
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism,target", [("text_to_text", "vanilla"),
+                                              ("text_to_text", "prob"),
+                                              ("token_rep", "denoising")])
+def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_path, mechanism,
+                                                    target):
+    from configs import privacy_adaptive
+    from safetensors.numpy import load_file
+
+    start, corpus = hf_start
+    c = privacy_adaptive.get_config(mechanism)
+    c.model.init_from_hf = str(start)
+    c.mlm_target = target
+    c.dchi.prob_samples = 3
+    c.dchi.eta = 50.0
+    c.data.paths = (str(corpus),)
+    c.data.max_seq_length = 32
+    c.data.max_predictions_per_seq = 5
+    c.data.eval_fraction = 0.1
+    c.data.cache_dir = str(cache_dir / "instances")
+    c.batch.expected_batch_size = c.batch.physical_batch_size = 16
+    c.optimizer.warmup_steps = 1
+    c.optimizer.learning_rate = 1e-2
+    c.train.num_steps = 2
+    c.train.log_every = 1
+    c.train.eval_every = 0
+    c.train.eval_batches = 1
+    c.train.eval_batch_size = 16
+    c.checkpoint.async_save = False
+    report = train.train_and_evaluate(c, tmp_path / "run")
+    assert report["dp"] is False and report["steps"] == 2
+    lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(l["train/loss"]) for l in lines if "train/loss" in l)
+    before = load_file(start / "model.safetensors")
+    after = load_file(tmp_path / "run" / "hf" / "model.safetensors")
+    key = "bert.embeddings.word_embeddings.weight"
+    np.testing.assert_array_equal(before[key], after[key])  # φ (and the tied decoder) frozen
+    moved = "bert.encoder.layer.0.intermediate.dense.weight"
+    assert not np.array_equal(before[moved], after[moved])  # the rest trains
+
+
+def test_dchi_keys_are_secret_in_a_dp_run(hf_start):
+    """dχ noise is keyed by batch position (like dropout): in a DP run it comes from the run's
+    secret task key, so another run (another key) privatizes the same batch differently; with
+    insecure seeded noise it comes from config.seed."""
+    import jax.numpy as jnp
+
+    from configs import privacy_adaptive
+    from dpbert.runtime import loop
+
+    start, _ = hf_start
+    c = privacy_adaptive.get_config("text_to_text")
+    c.model.init_from_hf = str(start)
+    c.dp.enabled = True
+    c.data.max_seq_length = 32
+    vocab_file = start / "vocab.txt"
+    model = train.build_model(c, len(tokenization.load_vocab(vocab_file)))
+    rng = np.random.default_rng(0)
+    batch = {"input_ids": jnp.asarray(rng.integers(5, 900, (4, 16)), jnp.int32),
+             "input_mask": jnp.ones((4, 16), jnp.int32),
+             "segment_ids": jnp.zeros((4, 16), jnp.int32),
+             "masked_lm_positions": jnp.asarray(np.tile(np.arange(1, 4), (4, 1)), jnp.int32),
+             "masked_lm_ids": jnp.asarray(rng.integers(5, 900, (4, 3)), jnp.int32),
+             "masked_lm_weights": jnp.ones((4, 3), jnp.float32),
+             "next_sentence_labels": jnp.zeros((4,), jnp.int32)}
+
+    def privatized(task_key, insecure):
+        c.dp.insecure_seeded_noise = insecure
+        data = loop.TaskData(None, None, extra={"vocab_file": str(vocab_file),
+                                                "task_key": np.asarray(task_key, np.uint32)})
+        t = train.TASK.batch_transform(c, model, data)
+        return np.asarray(t.train(t.operand, batch, jnp.int32(3), jnp.int32(0))["input_ids"])
+
+    a, b = privatized([1, 2], False), privatized([3, 4], False)
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(privatized([1, 2], True), privatized([3, 4], True))
+
+
+def test_dchi_needs_a_pretrained_start(cache_dir, tmp_path):
+    c = small_config(cache_dir, **{"dchi.mechanism": "text_to_text"})
+    with pytest.raises(ConfigError, match="model.init_from_hf"):
+        train.train_and_evaluate(c, tmp_path / "x")
+
+
+def test_optimizer_state_is_sharded_like_the_parameters():
+    from flax import nnx
+    from jax.sharding import PartitionSpec as P
+
+    from dpbert.models import bert as model_lib
+    from dpbert.runtime import optimizers
+
+    mesh = sharding.make_mesh(4, 2)
+    model = model_lib.create_model(model_lib.BertConfig.preset("tiny", 100))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    shardings = sharding.pure_param_shardings(model, mesh)
+    opt_cfg = dict(name="adamw", learning_rate=1e-3, warmup_steps=1, total_steps=10,
+                   weight_decay=0.01)
+    tx = optimizers.make_optimizer(opt_cfg, params,
+                                   trainable=dp_lib.freeze_paths_containing("word_embeddings"))
+    opt = sharding.opt_state_shardings(jax.eval_shape(tx.init, params), params, shardings, mesh)
+    specs = {trees.path_names(p): s.spec for p, s in jax.tree_util.tree_leaves_with_path(opt)}
+    kernel = ("bert", "encoder", "layer", "0", "intermediate", "dense", "kernel")
+    moments = [k for k in specs if k[-len(kernel):] == kernel]
+    assert len(moments) == 2  # mu and nu
+    assert all(specs[k] == P(None, "fsdp") for k in moments)
+    # The frozen word embedding has no optimizer state at all.
+    assert not any("word_embeddings" in k for k in specs)
+
+
+def _shrink(c, cache_dir, steps=2):
+    """A real experiment config shrunk to a few seconds of tiny BERT."""
+    return override(c, {
+        "model.size": "tiny", "model.max_position_embeddings": 64, "data.max_seq_length": 64,
+        "data.max_predictions_per_seq": 8, "data.cache_dir": str(cache_dir / "instances"),
+        "vocab.size": 2000, "vocab.seed": 0, "batch.expected_batch_size": 16,
+        "batch.physical_batch_size": 32, "batch.microbatch_size": 16,
+        "dp.overflow_probability": 1e-3, "dp.max_examples_per_unit": 2,
+        "optimizer.warmup_steps": 1, "train.num_steps": steps,
+        "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 1,
+        "train.eval_batch_size": 16, "train.export_hf": False, "checkpoint.async_save": False})
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+@pytest.mark.parametrize("corpus", ["noteevents", "text"])
+def test_real_corpora_feed_the_training_loop(shared_data, cache_dir, tmp_path, corpus):
+    """The NOTEEVENTS sample (mimic_dp config) and a plain-text corpus train end to end, with a
+    DP vocabulary built from them first."""
+    from configs import mimic_dp
+
+    c = _shrink(mimic_dp.get_config("size=tiny"), cache_dir)
+    c.dp.delta = 1e-6
+    if corpus == "noteevents":
+        c.data.paths = (str(shared_data / "clinical" / "NOTEEVENTS_sample.csv.gz"),)
+    else:
+        c.data.corpus = "text"
+        c.data.paths = (str(shared_data / "corpus" / "web_bible.txt.gz"),)
+        c.data.eval_split_unit = "document"
+    report = train.train_and_evaluate(c, tmp_path / corpus)
+    assert report["steps"] == 2 and report["training"]["delta"] == 1e-6
+    assert report["vocabulary"]["dp"] is True
+    assert report["training"]["num_examples"] > 100
+    assert (tmp_path / corpus / "vocab" / "vocab.txt").is_file()
+
+
+def test_mimic_config_without_corpus_says_what_is_missing(tmp_path):
+    from configs import mimic_dp
+
+    with pytest.raises(ConfigError, match=r"data.paths.*is empty: give a MIMIC-III "
+                                                r"NOTEEVENTS"):
+        train.train_and_evaluate(mimic_dp.get_config(), tmp_path)
+    c = mimic_dp.get_config()
+    c.data.paths = ("/nowhere/NOTEEVENTS.csv.gz",)
+    with pytest.raises(ConfigError, match="/nowhere/NOTEEVENTS.csv.gz' does not exist"):
+        train.train_and_evaluate(c, tmp_path)
+    with pytest.raises(ValueError, match="unknown config arg"):
+        mimic_dp.get_config("sise=tiny")
+
+
+def test_wiki_books_needs_prepared_tfds_and_a_vocab(tmp_path):
+    from configs import wiki_books
+
+    c = wiki_books.get_config("tiny")
+    with pytest.raises(ConfigError, match="vocab.file is empty"):
+        train.train_and_evaluate(c, tmp_path / "a")
