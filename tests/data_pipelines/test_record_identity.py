@@ -201,7 +201,7 @@ def test_fine_tuning_keeps_duplicates_and_says_so(tmp_path, capsys):
     from data_pipelines import ner, tokenization
     from dpbert.tasks import classification as clf_task
     from dpbert.tasks import ner as ner_task
-    from tests.dpbert import finetune_fixtures as fx
+    from tests.dpbert.tasks import finetune_fixtures as fx
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(fx.VOCAB) + "\n")

@@ -3,7 +3,7 @@
 per-case settings live in small config files, since `--config.x=...` overrides need a real
 command line each (see test_launchers)."""
 
-from tests.dpbert import finetune_fixtures as fx
+from tests.dpbert.tasks import finetune_fixtures as fx
 from tests.launch.test_launchers import drive, one_error_line, run_cli
 
 

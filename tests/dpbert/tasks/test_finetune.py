@@ -19,7 +19,7 @@ from dpbert.privacy import input_privacy
 from dpbert.dp import randomness
 from dpbert.errors import ConfigError
 from dpbert.tasks import classification, finetuning
-from tests.dpbert import finetune_fixtures as fx
+from tests.dpbert.tasks import finetune_fixtures as fx
 
 WORD_TABLE = ("bert", "embeddings", "word_embeddings", "embedding")
 
