@@ -92,6 +92,25 @@ def clip_scale(norm: jax.Array, clip_norm: float) -> jax.Array:
     return 1.0 / jnp.maximum(1.0, norm / clip_norm)
 
 
+def use_and_clip(norm: jax.Array, loss: jax.Array, metrics: dict[str, jax.Array],
+                 keep: jax.Array, clip_norm: float):
+    """What every clipper does with one example's norm: it is used when kept and finite (its
+    norm, its loss and every metric), and then clipped to C.
+
+    Returns (use bool [], scale float32 [], clip: g -> g * scale where used and 0 elsewhere,
+    the metrics zeroed where not used, nonfinite bool []: kept but dropped as non-finite).
+    `jnp.where`, not a multiplication by 0: NaN * 0 is NaN.
+    """
+    finite = jnp.isfinite(norm) & jnp.isfinite(loss)
+    for v in metrics.values():
+        finite &= jnp.all(jnp.isfinite(v))
+    use = keep & finite
+    scale = clip_scale(norm, clip_norm)
+    clip = lambda g: jnp.where(use, g * scale, 0.0)  # noqa: E731
+    kept = {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0) for k, v in metrics.items()}
+    return use, scale, clip, kept, keep & ~finite
+
+
 def _check_clip_norm(clip_norm: float) -> None:
     if not (isinstance(clip_norm, (int, float)) and clip_norm > 0) or math.isnan(clip_norm):
         raise ValueError(f"clip_norm={clip_norm!r} must be > 0 (math.inf disables clipping)")
@@ -174,16 +193,9 @@ class VmapClipper:
             (loss, metrics), grads = jax.value_and_grad(f, has_aux=True)(train_leaves)
             grads = [g.astype(jnp.float32) for g in grads]
             norm = global_norm(grads)
-            finite = jnp.isfinite(norm) & jnp.isfinite(loss)
-            for v in metrics.values():
-                finite &= jnp.all(jnp.isfinite(v))
-            use = keep & finite
-            scale = clip_scale(norm, self.clip_norm)
-            # jnp.where, not a multiplication by 0: NaN * 0 is NaN.
-            clipped = [jnp.where(use, g * scale, 0.0) for g in grads]
-            metrics = {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0)
-                       for k, v in metrics.items()}
-            return clipped, metrics, keep & ~finite
+            _, _, clip, metrics, nonfinite = use_and_clip(norm, loss, metrics, keep,
+                                                          self.clip_norm)
+            return [clip(g) for g in grads], metrics, nonfinite
 
         return jax.vmap(one)(batch, mask, positions)
 

@@ -113,6 +113,32 @@ def embedding_sq_norm(ids: jax.Array | None, xbar: jax.Array | None, d: jax.Arra
     return jnp.where(sq < 0.0, 0.0, sq)
 
 
+def embedding_shard_sums(d: jax.Array, f: jax.Array, ids: jax.Array | None,
+                         xbar: jax.Array | None, shards: int, per_shard: int) -> jax.Array:
+    """The clipped sum of the tied embedding's per-example gradients, per batch shard, from
+    the factors (both ghost clippers): sum_i s_i d_i^T f_i, one [V, a*P] x [a*P, H] matmul per
+    shard, plus s_i xbar_{i,t} scattered into rows id_{i,t} (when the examples look E up).
+
+    Args:
+      d: float32 [k, P, V] clipped logit gradients; f: [k, P, H] decoder inputs (zero where
+        dropped); ids: int [k, S] or None; xbar: float32 [k, S, H] clipped, or None;
+      shards, per_shard: k = shards * per_shard.
+
+    Returns:
+      float32 [shards, V, H].
+    """
+    shard = lambda x: x.reshape((shards, per_shard) + x.shape[1:])  # noqa: E731
+    table = jnp.einsum("sapv,saph->svh", shard(d), shard(f), precision=_HIGHEST)
+    if ids is None:
+        return table
+    hidden = f.shape[-1]
+
+    def scatter(acc, ids, xbar):
+        return acc.at[ids.reshape(-1)].add(xbar.reshape(-1, hidden))
+
+    return jax.vmap(scatter)(table, shard(ids), shard(xbar))
+
+
 def _table_index(params: PyTree, table_path: tuple[str, ...]) -> int:
     paths = [trees.path_names(p) for p, _ in jax.tree_util.tree_leaves_with_path(params)]
     found = [i for i, p in enumerate(paths) if p == tuple(table_path)]
@@ -222,13 +248,8 @@ class TiedEmbeddingClipper:
             sq = sum(jnp.sum(jnp.square(g)) for g in rest) + embedding_sq_norm(
                 ids, xbar, d, feats)
             norm = jnp.sqrt(sq)
-            finite = jnp.isfinite(norm) & jnp.isfinite(loss)
-            for v in metrics.values():
-                finite &= jnp.all(jnp.isfinite(v))
-            use = keep & finite
-            scale = clipping.clip_scale(norm, self.clip_norm)
-            # jnp.where, not a multiplication by 0: NaN * 0 is NaN.
-            clip = lambda g: jnp.where(use, g * scale, 0.0)  # noqa: E731
+            use, _, clip, metrics, nonfinite = clipping.use_and_clip(norm, loss, metrics, keep,
+                                                                     self.clip_norm)
             return {
                 "rest": [clip(g) for g in rest],
                 "ids": ids,
@@ -236,9 +257,8 @@ class TiedEmbeddingClipper:
                 "d": clip(d),
                 "f": jnp.where(use, feats, 0.0),
                 "norm": norm,
-                "metrics": {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0)
-                            for k, v in metrics.items()},
-                "nonfinite": keep & ~finite,
+                "metrics": metrics,
+                "nonfinite": nonfinite,
             }
 
         return jax.vmap(one)(batch, mask, positions)
@@ -256,20 +276,11 @@ class TiedEmbeddingClipper:
                                             first_position=first_position)
         s, per_shard, _ = self.layout(clipping.check_batch(batch, mask))
         leaves, treedef = jax.tree.flatten(params)
-        hidden = leaves[index].shape[1]
 
         def chunk_sums(c_batch, c_mask, c_pos):
             out = self.per_example(loss_fn, params, c_batch, c_mask, key, c_pos)
-            shard = lambda x: x.reshape((s, per_shard) + x.shape[1:])  # noqa: E731
-            # Decoder part: sum_i s_i d_i^T f_i, one [V, a*P] x [a*P, H] matmul per shard.
-            table = jnp.einsum("sapv,saph->svh", shard(out["d"]), shard(out["f"]),
-                               precision=_HIGHEST)
-            if out["ids"] is not None:
-                # Input part: scatter-add s_i xbar_{i,t} into rows id_{i,t}, per shard.
-                def scatter(acc, ids, xbar):
-                    return acc.at[ids.reshape(-1)].add(xbar.reshape(-1, hidden))
-
-                table = jax.vmap(scatter)(table, shard(out["ids"]), shard(out["xbar"]))
+            table = embedding_shard_sums(out["d"], out["f"], out["ids"], out["xbar"], s,
+                                         per_shard)
             return (table, [clipping.shard_sum(g, s) for g in out["rest"]],
                     {k: clipping.shard_sum(v, s) for k, v in out["metrics"].items()},
                     clipping.shard_sum(out["nonfinite"].astype(jnp.int32), s))

@@ -278,13 +278,8 @@ class MixedGhostClipper:
                                    g_dense[name].reshape(tokens, fan_out))
             # Round-off can push an (almost) zero norm below 0; NaN stays NaN (not < 0).
             norm = jnp.sqrt(jnp.where(sq < 0.0, 0.0, sq))
-            finite = jnp.isfinite(norm) & jnp.isfinite(loss)
-            for v in metrics.values():
-                finite &= jnp.all(jnp.isfinite(v))
-            use = keep & finite
-            scale = clipping.clip_scale(norm, self.clip_norm)
-            # jnp.where, not a multiplication by 0: NaN * 0 is NaN.
-            clip = lambda v: jnp.where(use, v * scale, 0.0)  # noqa: E731
+            use, scale, clip, metrics, nonfinite = clipping.use_and_clip(
+                norm, loss, metrics, keep, self.clip_norm)
             keep_if = lambda v: jnp.where(use, v, jnp.zeros((), v.dtype))  # noqa: E731
             return {
                 "direct": [clip(g) for g in g_direct],
@@ -297,9 +292,8 @@ class MixedGhostClipper:
                 "g": {n: keep_if(g_dense[n]) for n in plan.gram},
                 "scale": jnp.where(use, scale, 0.0),
                 "norm": norm,
-                "metrics": {k: jnp.where(use, jnp.asarray(v, jnp.float32), 0.0)
-                            for k, v in metrics.items()},
-                "nonfinite": keep & ~finite,
+                "metrics": metrics,
+                "nonfinite": nonfinite,
             }
 
         return jax.vmap(one)(batch, mask, positions)
@@ -313,7 +307,6 @@ class MixedGhostClipper:
         s, per_shard, _ = self.layout(clipping.check_batch(batch, mask))
         plan = self.plan(loss_fn, params, jax.tree.map(lambda x: x[0], batch))
         leaves = plan.leaves
-        hidden = leaves[plan.table_leaf].shape[1]
 
         def chunk_sums(c_batch, c_mask, c_pos):
             out = self.per_example(loss_fn, params, c_batch, c_mask, key, c_pos, plan)
@@ -322,16 +315,8 @@ class MixedGhostClipper:
                     "metrics": {k: clipping.shard_sum(v, s) for k, v in out["metrics"].items()},
                     "nonfinite": clipping.shard_sum(out["nonfinite"].astype(jnp.int32), s)}
             if plan.table is not None:
-                # sum_i s_i d_i^T f_i: one [V, a*P] x [a*P, H] matmul per shard ...
-                table = jnp.einsum("sapv,saph->svh", shard(out["d"]), shard(out["f"]),
-                                   precision=_HIGHEST)
-                if out["ids"] is not None:
-                    # ... plus s_i xbar_{i,t} scattered into rows id_{i,t}.
-                    def scatter(acc, ids, xbar):
-                        return acc.at[ids.reshape(-1)].add(xbar.reshape(-1, hidden))
-
-                    table = jax.vmap(scatter)(table, shard(out["ids"]), shard(out["xbar"]))
-                sums["table"] = table
+                sums["table"] = ghost.embedding_shard_sums(out["d"], out["f"], out["ids"],
+                                                           out["xbar"], s, per_shard)
             if plan.position is not None:
                 sums["position"] = shard(out["xbar"]).sum(1)  # [S, seq, H]
             sums["dense"] = {}
