@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
                or cli.check_output_dir(_OUT.value, "--out", sources=[
                    (f"--embeddings={_EMBEDDINGS.value}", _EMBEDDINGS.value)]))
     if problem:
-        raise SystemExit(f"analyze_dchi: {problem}")
+        cli.fail("analyze_dchi", problem, cli.BAD_INPUT)
     import jax  # here, so that --help is instant
 
     from dpbert.privacy import dchi_analysis as lib
@@ -66,7 +66,7 @@ def main(argv: list[str]) -> None:
             chunk_size=_CHUNK.value, queries_per_call=_QUERIES_PER_CALL.value,
             notes=[note] if note else ())
     except lib.AnalysisError as e:
-        raise SystemExit(f"analyze_dchi: {e}") from None
+        cli.fail("analyze_dchi", str(e), cli.BAD_INPUT)
     lib.print_table(results)
     print(f"wrote {pathlib.Path(_OUT.value) / 'results.json'} and 3 plots")
     if note:

@@ -89,8 +89,7 @@ def main(argv: list[str]) -> None:
             num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
             min_learned_tokens=1, unit=_UNIT.value, duplicate_ids=_DUPLICATES.value)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
-        print(f"build_vocab: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail("build_vocab", str(e))
     dropped = result.report.get("duplicates", {}).get("copies_dropped")
     if dropped:  # an exact count of the corpus: console only (not in the shipped report)
         print(f"build_vocab: NOTE: {result.report['duplicates']['text']}", file=sys.stderr)

@@ -48,7 +48,7 @@ def main(argv):
     problem = cli.check_output_path(_OUT.value, "--out", sources=sources,
                                     inside_sources_ok=source is _WORKDIR)
     if problem:
-        raise SystemExit(f"export_hf: {problem}")
+        cli.fail("export_hf", problem, cli.BAD_INPUT)
     from dpbert.models import hf  # here, so that --help is instant
 
     try:
@@ -60,9 +60,10 @@ def main(argv):
         else:
             out = hf.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)
     except (hf.CheckpointError, FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"export_hf: {e}") from None
+        cli.fail("export_hf", str(e), cli.BAD_INPUT)
     except OSError as e:
-        raise SystemExit(f"export_hf: {e.filename or _OUT.value}: {e.strerror or e}") from None
+        cli.fail("export_hf", f"{e.filename or _OUT.value}: {e.strerror or e}",
+                 cli.BAD_INPUT)
     print(f"wrote {out}")
 
 

@@ -33,7 +33,7 @@ def main(argv):
         (f"config.model.init_from_hf={init_from}", init_from)])
         or cli.check_config_inputs(_CONFIG.value))
     if problem:
-        raise SystemExit(f"train: {problem}")
+        cli.fail("train", problem, cli.BAD_INPUT)
     # Imported here so that --help is instant and XLA flags set by the caller apply.
     from dpbert.runtime import loop
     from dpbert.runtime import sharding
@@ -46,10 +46,10 @@ def main(argv):
         logging.info("JAX: %d processes, %d devices (%s)", *_devices())
         pretraining.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except PermissionError as e:
-        raise SystemExit(f"train: {e.filename}: permission denied ({e.strerror})") from None
+        cli.fail("train", f"{e.filename}: permission denied ({e.strerror})", cli.BAD_INPUT)
     except (FileNotFoundError, ValueError, OSError, FloatingPointError) as e:
         # One clear message for bad input; nothing already written is touched.
-        raise SystemExit(f"train: {e}") from None
+        cli.fail("train", str(e), cli.BAD_INPUT)
 
 
 def _devices():

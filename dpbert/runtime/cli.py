@@ -47,9 +47,17 @@ _NOISY_PATHS = ("/orbax/", "/jax/", "/jaxlib/", "/flax/")
 _NOISY_LOGGERS = ("jax", "jaxlib", "orbax", "flax")
 
 
-def fail(name: str, message: str, code: int = 2) -> None:
-    """Prints `NAME: error: MESSAGE` as one line on stderr and exits with `code`."""
-    print(f"{name}: error: {one_line(message)}", file=sys.stderr)
+USAGE, BAD_INPUT = 2, 1  # the launchers' exit codes (docs/bad_inputs.md)
+
+
+def fail(name: str, message: str, code: int = USAGE) -> None:
+    """The one way a launcher stops on a problem: one line on stderr, then exit `code`.
+
+    USAGE (2: a bad flag, config field or path, found before any work): `NAME: error: MSG`.
+    BAD_INPUT (1: a problem the library found in the input or the run): `NAME: MSG`.
+    """
+    prefix = f"{name}: error: " if code == USAGE else f"{name}: "
+    print(prefix + one_line(message), file=sys.stderr)
     sys.exit(code)
 
 
