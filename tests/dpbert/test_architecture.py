@@ -54,3 +54,10 @@ def test_the_core_imports_only_itself_and_errors_and_no_jax(path):
     heavy = {m for m in imports if m.split(".")[0] in ("jax", "flax", "dp_accounting")}
     assert not heavy, f"{path.name} imports {sorted(heavy)}"
 
+
+@pytest.mark.parametrize("path", sorted((ROOT / "data_pipelines").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_data_pipelines_import_only_the_low_layer_of_dpbert(path):
+    foreign = {m for m in _imports(path) if m.startswith("dpbert")
+               and not m.startswith(CORE) and m != "dpbert.errors"}
+    assert not foreign, f"{path.name} imports {sorted(foreign)}"
