@@ -42,7 +42,8 @@ import numpy as np
 
 from data_pipelines import fileio, textcheck, tokenization
 from data_pipelines.documents import NO_SUBJECT
-from data_pipelines.instances import Instances, example_keys
+from data_pipelines.example_keys import example_keys
+from data_pipelines.instances import Instances
 from data_pipelines.tokenized_corpus import CorpusBuilder, TokenizedCorpus
 
 FORMS = ("HS", "HSH", "HHSHH")

@@ -106,7 +106,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import math
 import multiprocessing
 import os
 import pathlib
@@ -117,6 +116,8 @@ import numpy as np
 from absl import logging
 
 from data_pipelines import corpora, fileio, identity
+from data_pipelines.vocab_report import make_report
+from dpbert.core import units as privacy_units
 from data_pipelines.vocab_privacy import (  # noqa: F401 - dp_vocab's public API
     ACCOUNTING_MODES, MAX_PER_WORD_EPSILON, MAX_WORDS_PER_EXAMPLE, RELATIONS, Guarantee,
     HistogramPrivacy, VocabError, calibrate_histogram, check_conditions, histogram_guarantee,
@@ -126,12 +127,8 @@ from data_pipelines.wordpiece import (  # noqa: F401 - dp_vocab's public API
     special_tokens)
 
 FORMATS = ("text", "noteevents")
-EXAMPLE_DEFINITIONS = {
-    "text": "one document of the text corpus (a blank-line-separated block of sentences)",
-    "noteevents": "one MIMIC-III note (one NOTEEVENTS row, i.e. one ROW_ID)",
-    "patient": "one patient (SUBJECT_ID): all their MIMIC-III notes (NOTEEVENTS rows) together",
-}
-UNITS = ("document", "patient")  # what one example of the vocabulary is (see module doc)
+# What one example (record) of the vocabulary is (module doc): `dpbert.core.units`' records.
+UNITS = privacy_units.VOCAB_RECORDS
 # Examples per work item sent to a worker; fixed so results do not depend on workers.
 CHUNK_SIZE = 256
 
@@ -297,7 +294,8 @@ def word_histogram(examples: Iterable[str], max_words_per_example: int | None,
 def iter_examples(path: str | os.PathLike[str], fmt: str,
                   stats: corpora.ReadStats | None = None,
                   max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
-                  unit: str = "document", duplicate_ids: str = identity.DEFAULT_RULE,
+                  unit: str = privacy_units.DOCUMENT_RECORD,
+                  duplicate_ids: str = identity.DEFAULT_RULE,
                   identity_summary: dict | None = None) -> Iterator[str]:
     """Example texts of a corpus: one document (``text``) or one note (``noteevents``); with
     ``unit="patient"`` (noteevents) the notes of one SUBJECT_ID joined, patients in
@@ -308,7 +306,7 @@ def iter_examples(path: str | os.PathLike[str], fmt: str,
     example is yielded, or with ``duplicate_ids="merge_identical"`` the identical copies are
     dropped (``identity_summary`` receives what was done). Many notes of one patient are not
     duplicates; with ``unit="patient"`` a repeated ROW_ID is, as per note."""
-    if unit == "patient":
+    if unit == privacy_units.PATIENT_RECORD:
         if fmt != "noteevents":
             raise VocabError(f"unit='patient' needs format='noteevents' (SUBJECT_IDs), got "
                              f"{fmt!r}")
@@ -319,7 +317,7 @@ def iter_examples(path: str | os.PathLike[str], fmt: str,
         for subject in sorted(by_subject):
             yield "\n".join(by_subject.pop(subject))
         return
-    if unit != "document":
+    if unit != privacy_units.DOCUMENT_RECORD:
         raise VocabError(f"unit must be one of {UNITS}, got {unit!r}")
     if fmt == "text":
         for doc, _ in identity.unique_text_documents(
@@ -359,7 +357,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 accounting: str = "pld", num_unused: int = DEFAULT_NUM_UNUSED,
                 progress: bool = True,
                 max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
-                min_learned_tokens: int = 0, unit: str = "document",
+                min_learned_tokens: int = 0, unit: str = privacy_units.DOCUMENT_RECORD,
                 duplicate_ids: str = identity.DEFAULT_RULE) -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
@@ -369,7 +367,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
 
     Args:
       input_path: the corpus file.
-      fmt: "text" or "noteevents" (what an example is: ``EXAMPLE_DEFINITIONS``).
+      fmt: "text" or "noteevents" (what an example is: ``vocab_report.EXAMPLE_DEFINITIONS``).
       vocab_size: lines of ``vocab.txt``.
       epsilon, delta: example-level targets (may be None when ``dp=False``; then they
         are only reported).
@@ -420,7 +418,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     _check_sizes(vocab_size, num_unused)
     if accounting not in ACCOUNTING_MODES:
         raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
-    if unit not in UNITS or (unit == "patient" and fmt != "noteevents"):
+    if unit not in UNITS or (unit == privacy_units.PATIENT_RECORD and fmt != "noteevents"):
         raise VocabError(f"unit={unit!r} must be one of {UNITS} ('patient' needs "
                          f"format='noteevents', got {fmt!r})")
     if duplicate_ids not in identity.RULES:
@@ -473,9 +471,9 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     warnings = _check_learned(num_learned, len(word_counts), vocab_size - floor,
                               num_examples, privacy, min_learned_tokens)
 
-    report = _report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
-                     num_learned, num_unused, do_lower_case, seed, num_examples,
-                     len(histogram), len(word_counts), stats, unit, duplicates)
+    report = make_report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
+                         num_learned, num_unused, do_lower_case, seed, num_examples,
+                         len(histogram), len(word_counts), stats, unit, duplicates)
     if warnings:
         report["warnings"] = warnings
     report["seconds"] = {"calibrate": round(t_calibrate, 3), "count": round(t_count, 3),
@@ -537,79 +535,3 @@ def _check_learned(num_learned: int, num_surviving: int, slots: int, num_example
         logging.warning("%s", msg)
         return [msg]
     return []
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    """``value`` as a float, or None when unset or not finite (JSON has no NaN)."""
-    return float(value) if value is not None and math.isfinite(value) else None
-
-
-def _report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delta: float,
-            k: int, vocab_size: int, num_learned: int, num_unused: int,
-            do_lower_case: bool, seed: int | None, num_examples: int,
-            num_distinct: int, num_surviving: int,
-            stats: corpora.ReadStats, unit: str = "document",
-            duplicates: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The content of ``vocab_privacy.json``. ``duplicates``: ``identity``'s summary (the rule
-    is public, the counts are not)."""
-    duplicates = dict(duplicates or {})
-    report: dict[str, Any] = {
-        "dp": privacy is not None,
-        "epsilon": float(epsilon) if privacy else None,
-        "delta": float(delta) if privacy else None,
-        "K": k if privacy else None,
-        "unit": unit,
-        "neighbouring_relation": ("add or remove one patient (all their notes)"
-                                  if unit == "patient" else "add or remove one example"),
-        "example_definition": EXAMPLE_DEFINITIONS["patient" if unit == "patient" else fmt],
-        "format": fmt,
-        # One record per identity (data_pipelines/identity.py): the rule, not its outcome.
-        "record_identity": (identity.NOTE_IDENTITY if fmt == "noteevents"
-                            else identity.TEXT_IDENTITY),
-        "duplicate_ids": duplicates.get("duplicate_ids", identity.DEFAULT_RULE),
-    }
-    if privacy is not None:
-        report.update(
-            mechanism=privacy.mechanism(),
-            accounting=privacy.accounting,
-            epsilon_per_word=privacy.epsilon_per_word,
-            delta_per_word=privacy.delta_per_word,
-            noise_scale=privacy.noise_scale,
-            threshold=privacy.threshold,
-            delta_noise=privacy.delta_noise,
-            delta_threshold=privacy.delta_threshold,
-            secret_randomness=seed is None,
-            noise_rng=("numpy Generator(PCG64), " + (
-                "seeded by --seed: reproducible, NOT for a release" if seed is not None
-                else "seeded from 128 bits of OS entropy")),
-        )
-    else:
-        report.update(
-            mechanism="NON-PRIVATE: raw word counts (no contribution bounding, no noise, "
-                      "no threshold); this vocabulary can contain any rare word of the "
-                      "corpus",
-            requested_epsilon=_finite_or_none(epsilon),
-            requested_delta=_finite_or_none(delta), requested_K=k)
-    report.update(
-        num_examples=num_examples,
-        num_distinct_words=num_distinct,
-        num_surviving_words=num_surviving,
-        vocab_size=vocab_size,
-        num_learned_tokens=num_learned,
-        num_unused=num_unused,
-        do_lower_case=do_lower_case,
-        special_token_ids={t: i for i, t in enumerate(special_tokens(num_unused))
-                           if not t.startswith("[unused")},
-        reader={"records_read": stats.records_read, "records_kept": stats.records_kept,
-                "skipped_iserror": stats.skipped_iserror,
-                "skipped_malformed": stats.skipped_malformed,
-                "skipped_empty": stats.skipped_empty,
-                "skipped_bad_utf8": stats.skipped_bad_utf8},
-        duplicates={k: duplicates.get(k, 0) for k in ("duplicated_ids", "copies_dropped")}
-        | {"text": duplicates.get("text", "")},
-        non_private_fields=["num_examples", "num_distinct_words", "reader", "duplicates"],
-        non_private_note=("these fields are exact counts from the corpus, not covered by "
-                          "epsilon/delta (num_distinct_words counts the bounded histogram's "
-                          "nonzero words); drop them before publishing this file"),
-    )
-    return report

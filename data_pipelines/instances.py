@@ -22,16 +22,18 @@ issue 15). Neighbours are corpora that differ in one unit, so:
   between them). A chunk that has no such part keeps its actual next segment, or yields no
   example when it is a single sentence.
 * what a unit yields is a function of its own documents and of public randomness keyed by its
-  IDENTITY alone (``_create_unit_local``: a ``random.Random`` seeded from a hash of (seed, unit
-  kind, identity) runs BERT's steps over the unit's documents in corpus order, for every dupe
-  pass, then shuffles the unit's examples; units are ordered by a hash of their identity).
+  IDENTITY alone (``unit_instances.create_unit_local``: a ``random.Random`` seeded from a hash
+  of (seed, unit kind, identity) runs BERT's steps over the unit's documents in corpus order,
+  for every dupe pass, then shuffles the unit's examples; units are ordered by a hash of their
+  identity; example keys: ``example_keys``).
   Adding or removing one unit leaves every other unit's examples, their order and their keys
   bitwise unchanged. A unit's identity: "note" the document key (ROW_ID; the content key of a
   text document), "patient" the SUBJECT_ID (the document key in corpora without SUBJECT_IDs).
   Documents sharing an identity are one unit.
 
-``unit_ids`` gives each example's unit and checks that A and B share it. The "example" path is
-BERT's algorithm, unchanged (one ``random.Random(seed)`` over the shuffled corpus).
+``unit_instances.unit_ids`` gives each example's unit and checks that A and B share it. The
+"example" path is BERT's algorithm, unchanged (one ``random.Random(seed)`` over the shuffled
+corpus). What a unit is, and which units group several sequences, is `dpbert.core.units`'.
 """
 
 from __future__ import annotations
@@ -47,17 +49,17 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from data_pipelines.tokenized_corpus import TokenizedCorpus
 from data_pipelines.documents import NO_SUBJECT
+from data_pipelines.example_keys import KeyRecorder
+from data_pipelines.tokenized_corpus import TokenizedCorpus
+from data_pipelines.unit_instances import create_unit_local
+from dpbert.core import units as privacy_units
 
 _log = logging.getLogger(__name__)
 
 # Bump when the instance-creation code changes in a way that changes its output: part of the
 # cache fingerprint.
 INSTANCES_FORMAT_VERSION = 4
-# What one privacy unit is: one sequence, one note (document), one patient (SUBJECT_ID; a
-# document in corpora without SUBJECT_IDs).
-PRIVACY_UNITS = ("example", "note", "patient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +82,7 @@ class InstanceParams:
             raise ValueError(f"short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
             raise ValueError(f"dupe_factor must be >= 1, got {self.dupe_factor}")
-        if self.privacy_unit not in PRIVACY_UNITS:
-            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got "
-                             f"{self.privacy_unit!r}")
+        privacy_units.get(self.privacy_unit)  # ValueError naming the units
 
 
 @dataclasses.dataclass
@@ -211,44 +211,6 @@ def _truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int,
     return cuts[0], cuts[1], cuts[2], cuts[3]
 
 
-def identity_hash(*parts: Any) -> int:
-    """A 63-bit non-negative integer from the SHA-256 of ``parts`` (their ``str`` forms).
-
-    Public randomness and keys derived from an identity (a unit's, a document's) rather than
-    from a position: nothing else in the corpus changes them.
-    """
-    text = "\x1f".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: a bijection of uint64 [n] (wrapping arithmetic)."""
-    x = np.asarray(x, np.uint64)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def example_keys(kind: str, identity: Any, dupe_pass: int, ordinals: np.ndarray | list[int]
-                 ) -> np.ndarray:
-    """int64 [n] (non-negative, 63 bits): the stable keys of the examples ``ordinals`` (0, 1,
-    ...) that the ``identity`` of kind ``kind`` ("doc", "subject", "canary") yields in pass
-    ``dupe_pass``.
-
-    ``mix64(identity_hash(kind, identity, pass) + ordinal)``: a pure function of the example's
-    own identity, so masking keyed by it (``datasets.PretrainingDataset``) does not change when
-    other examples or units are added or removed.
-    """
-    base = np.uint64(identity_hash("example", kind, identity, dupe_pass))
-    return _keys_from(np.full(np.shape(ordinals), base, np.uint64), ordinals)
-
-
-def _keys_from(bases: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
-    """int64 [n]: ``mix64(base + ordinal)`` shifted to 63 bits (``example_keys``)."""
-    total = np.asarray(bases, np.uint64) + np.asarray(ordinals, np.uint64)
-    return (_mix64(total) >> np.uint64(1)).astype(np.int64)
-
-
 class _Maker:
     """BERT's chunking of one document in one pass (``create_instances_from_document``),
     appending the examples to flat lists; the caller chooses the ``random.Random`` and where a
@@ -370,35 +332,6 @@ class _Maker:
             example_key=np.asarray(keys, np.int64)[perm_arr])
 
 
-class _KeyRecorder:
-    """Stable keys of examples in creation order: per (kind, identity, pass), the ordinals
-    0, 1, ... of the examples that identity yields in that pass (``example_keys``, computed
-    at the end in one vectorized go)."""
-
-    def __init__(self):
-        self._next: dict[tuple[str, int, int], int] = {}
-        self._bases: list[int] = []
-        self._firsts: list[int] = []
-        self._counts: list[int] = []
-
-    def add(self, kind: str, identity: int, dupe_pass: int, count: int) -> None:
-        if count:
-            first = self._next.get((kind, identity, dupe_pass), 0)
-            self._next[(kind, identity, dupe_pass)] = first + count
-            self._bases.append(identity_hash("example", kind, identity, dupe_pass))
-            self._firsts.append(first)
-            self._counts.append(count)
-
-    def keys(self) -> np.ndarray:
-        counts = np.asarray(self._counts, np.int64)
-        total = int(counts.sum())
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-        ordinals = (np.arange(total, dtype=np.int64) - np.repeat(starts, counts)
-                    + np.repeat(np.asarray(self._firsts, np.int64), counts))
-        bases = np.repeat(np.asarray(self._bases, np.uint64), counts)
-        return _keys_from(bases, ordinals)
-
-
 def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
                      progress: bool = True) -> Instances:
     """The offline stage: ``create_pretraining_data``'s instance creation without masking.
@@ -414,7 +347,7 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
     the unused sentences of the chunk are put back; the pair is truncated to
     ``max_seq_length - 3`` tokens. Finally the instances are shuffled.
 
-    privacy_unit "note" / "patient": the same steps, unit by unit (``_create_unit_local``):
+    privacy_unit "note" / "patient": the same steps, unit by unit (``create_unit_local``):
     what one unit yields is a function of its own documents and of a ``random.Random`` seeded
     from its identity alone.
 
@@ -434,13 +367,13 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
         raise ValueError("cannot create pretraining instances: the corpus has no document "
                          "with text")
     maker = _Maker(corpus, params)
-    keys = _KeyRecorder()
+    keys = KeyRecorder()
     bar = tqdm.tqdm(total=params.dupe_factor * num_docs, desc="creating instances",
                     unit=" docs", disable=not progress, mininterval=2.0)
-    if params.privacy_unit == "example":
-        perm = _create_global(corpus, params, maker, keys, bar)
+    if privacy_units.get(params.privacy_unit).per_unit:
+        perm = create_unit_local(corpus, params, maker, keys, bar)
     else:
-        perm = _create_unit_local(corpus, params, maker, keys, bar)
+        perm = _create_global(corpus, params, maker, keys, bar)
     bar.close()
     if len(maker) == 0:
         raise ValueError("no pretraining instance could be created from the corpus")
@@ -448,7 +381,7 @@ def create_instances(corpus: TokenizedCorpus, params: InstanceParams, *,
 
 
 def _create_global(corpus: TokenizedCorpus, params: InstanceParams, maker: _Maker,
-                   keys: _KeyRecorder, bar: Any) -> list[int]:
+                   keys: KeyRecorder, bar: Any) -> list[int]:
     """BERT's algorithm over the whole corpus (privacy unit "example"); returns the final
     order of the examples."""
     num_docs = corpus.num_documents
@@ -484,138 +417,6 @@ def _create_global(corpus: TokenizedCorpus, params: InstanceParams, maker: _Make
     perm = list(range(len(maker)))
     rng.shuffle(perm)  # the original shuffles its instance list at the end
     return perm
-
-
-def _unit_identities(corpus: TokenizedCorpus, privacy_unit: str) -> tuple[str, list[int]]:
-    """(kind, identity of every document's unit): "doc" and the document key for "note" (and
-    for "patient" in corpora without SUBJECT_IDs), "subject" and the SUBJECT_ID for "patient".
-    """
-    if privacy_unit == "patient":
-        subjects = np.asarray(corpus.subject_ids)
-        known = subjects != NO_SUBJECT
-        if known.any() and not known.all():
-            missing = int(np.flatnonzero(~known)[0])
-            raise ValueError(
-                f"privacy_unit='patient' needs a SUBJECT_ID on every note, but document "
-                f"{int(corpus.doc_keys[missing])} (and {int((~known).sum()) - 1} more) has none")
-        if known.any():
-            return "subject", subjects.tolist()
-    return "doc", np.asarray(corpus.doc_keys).tolist()
-
-
-def _create_unit_local(corpus: TokenizedCorpus, params: InstanceParams, maker: _Maker,
-                       keys: _KeyRecorder, bar: Any) -> list[int]:
-    """Instances unit by unit (privacy unit "note" / "patient"); returns their final order.
-
-    A unit is the set of documents with one identity (``_unit_identities``), in corpus order.
-    Its examples come from BERT's steps run over its documents only, for ``dupe_factor``
-    passes, with ``random.Random(identity_hash("instances", seed, kind, identity))``; 'random
-    next' segments come from the unit (``_unit_source``); then its examples are shuffled with
-    the same generator. Units follow each other in the order of
-    ``identity_hash("order", seed, kind, identity)``. So adding or removing a unit changes no
-    other unit's examples, their order among themselves, or their keys.
-    """
-    kind, identity = _unit_identities(corpus, params.privacy_unit)
-    members: dict[int, list[int]] = {}
-    for d, ident in enumerate(identity):
-        members.setdefault(ident, []).append(d)
-    order = sorted(members, key=lambda ident: (identity_hash("order", params.seed, kind, ident),
-                                               ident))
-    perm: list[int] = []
-    for ident in order:
-        docs = members[ident]
-        rng = random.Random(identity_hash("instances", params.seed, kind, ident))
-        source = _unit_source(docs, rng, maker.doc_first, maker.doc_count)
-        first = len(maker)
-        for dupe_pass in range(params.dupe_factor):
-            made = 0
-            for doc in docs:
-                made += maker.document(doc, rng, source)
-            keys.add(kind, ident, dupe_pass, made)
-            bar.update(len(docs))
-        local = list(range(first, len(maker)))
-        rng.shuffle(local)
-        perm.extend(local)
-    return perm
-
-
-def _unit_source(docs: list[int], rng: random.Random, doc_first: list[int],
-                 doc_count: list[int]):
-    """`source(doc, c0, a_end) -> (document, first sentence, sentence limit) | None`: where a
-    'random next' segment B comes from when it must stay in the example's unit (module doc).
-
-    A unit of several documents (a patient's notes; rows sharing a ROW_ID): a random sentence
-    of another of its documents, to that document's end. A unit of one document: a random start
-    in the document outside A, not touching it: before A (B then ends one sentence before A) or
-    after A's true next sentence; None when the document has no such sentence.
-    """
-    position = {d: k for k, d in enumerate(docs)}
-
-    def source(doc: int, c0: int, a_end: int) -> tuple[int, int, int] | None:
-        if len(docs) > 1:
-            k = rng.randrange(len(docs) - 1)
-            if k >= position[doc]:
-                k += 1  # a uniform choice among the other documents
-            other = docs[k]
-            o_first, o_count = doc_first[other], doc_count[other]
-            return other, o_first + rng.randint(0, o_count - 1), o_first + o_count
-        first, end = doc_first[doc], doc_first[doc] + doc_count[doc]
-        n_before = max(c0 - 1 - first, 0)  # starts in [first, c0 - 1), B stops before c0 - 1
-        after = c0 + a_end + 1  # after A's true next sentence (c0 + a_end)
-        n_after = max(end - after, 0)
-        if n_before + n_after == 0:
-            return None
-        j = rng.randrange(n_before + n_after)
-        if j < n_before:
-            return doc, first + j, c0 - 1
-        return doc, after + j - n_before, end
-
-    return source
-
-
-def unit_ids(instances: Instances, privacy_unit: str) -> np.ndarray:
-    """int64 [N]: the privacy unit of every example, numbered 0..U-1.
-
-    "example": every example its own unit. "note": its document key (ROW_ID, or the content
-    key of a text document: rows sharing a key are one unit). "patient": its SUBJECT_ID, or its
-    document key where the corpus has no SUBJECT_IDs (plain text). Examples outside the corpus
-    (example-placed canaries, document -1) are each a unit of their own. Units are numbered in
-    the order of their identities.
-
-    Raises:
-      ValueError: an example whose segment B lies in another unit than A (instances made for
-        privacy_unit="example" cannot serve a larger unit).
-    """
-    if privacy_unit not in PRIVACY_UNITS:
-        raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, got {privacy_unit!r}")
-    n = len(instances)
-    if privacy_unit == "example":
-        return np.arange(n, dtype=np.int64)
-    # A unit is (kind, value): 0 = a document key, 1 = a SUBJECT_ID, 2 = an outside example.
-    kind_a = np.zeros(n, np.int64)
-    kind_b = np.zeros(n, np.int64)
-    val_a = np.asarray(instances.doc_key, np.int64)
-    val_b = np.asarray(instances.b_doc_key, np.int64)
-    if privacy_unit == "patient":
-        subj_a = np.asarray(instances.subject_id, np.int64)
-        subj_b = np.asarray(instances.b_subject_id, np.int64)
-        kind_a, kind_b = (subj_a != NO_SUBJECT).astype(np.int64), (subj_b != NO_SUBJECT).astype(
-            np.int64)
-        val_a = np.where(kind_a == 1, subj_a, val_a)
-        val_b = np.where(kind_b == 1, subj_b, val_b)
-    outside = np.asarray(instances.doc_index) < 0
-    crossing = ~outside & ((kind_a != kind_b) | (val_a != val_b))
-    if crossing.any():
-        i = int(np.flatnonzero(crossing)[0])
-        raise ValueError(
-            f"{int(crossing.sum())} examples take segment B from another {privacy_unit} than A "
-            f"(e.g. example {i}: documents {int(instances.doc_key[i])} and "
-            f"{int(instances.b_doc_key[i])}); such instances were made for "
-            f"privacy_unit='example' and cannot be used per {privacy_unit}")
-    kind_a = np.where(outside, 2, kind_a)
-    val_a = np.where(outside, np.arange(n, dtype=np.int64), val_a)
-    ids = np.unique(np.stack([kind_a, val_a], axis=1), axis=0, return_inverse=True)[1]
-    return np.asarray(ids, np.int64).reshape(-1)
 
 
 def unit_multiplicities(instances: Instances, num_sentences: int, num_documents: int

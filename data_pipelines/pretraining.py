@@ -28,10 +28,11 @@ from data_pipelines import identity, tokenization
 from data_pipelines.tokenized_corpus import heldout_draw, tokenize_and_split
 from data_pipelines.datasets import PretrainingDataset
 from data_pipelines.documents import NO_SUBJECT
-from data_pipelines.instances import (INSTANCES_FORMAT_VERSION, PRIVACY_UNITS, InstanceParams,
-                                      Instances, create_instances, unit_ids,
-                                      unit_multiplicities)
+from data_pipelines.instances import (INSTANCES_FORMAT_VERSION, InstanceParams, Instances,
+                                      create_instances, unit_multiplicities)
 from data_pipelines.masking import MaskingParams
+from data_pipelines.unit_instances import unit_ids
+from dpbert.core import units as privacy_units
 
 _log = logging.getLogger(__name__)
 
@@ -43,11 +44,12 @@ def _check_config(cfg: ml_collections.ConfigDict, privacy_unit: str = "example")
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"data.{key}={cfg.get(key)!r}: {why}")
 
-    if privacy_unit not in PRIVACY_UNITS:
-        raise ValueError(f"privacy_unit={privacy_unit!r}: must be one of {PRIVACY_UNITS}")
-    if (privacy_unit == "patient" and cfg.corpus in ("noteevents", "synthetic")
+    if privacy_unit not in privacy_units.NAMES:
+        raise ValueError(f"privacy_unit={privacy_unit!r}: must be one of {privacy_units.NAMES}")
+    unit = privacy_units.get(privacy_unit)
+    if (unit.by_subject and cfg.corpus in ("noteevents", "synthetic")
             and cfg.eval_fraction > 0 and cfg.eval_split_unit != "subject"):
-        raise bad("eval_split_unit", "privacy_unit='patient' holds out whole patients: set "
+        raise bad("eval_split_unit", f"privacy_unit={unit.name!r} holds out whole patients: set "
                                      "data.eval_split_unit='subject'")
 
     if cfg.corpus not in CORPUS_KINDS:
@@ -230,7 +232,8 @@ def _instances_fingerprint(cfg: ml_collections.ConfigDict, vocab_file: str,
         # existed may hold a duplicated note twice, so every fingerprint names the rule.
         "duplicate_ids": cfg.get("duplicate_ids", identity.DEFAULT_RULE),
     }
-    if privacy_unit != "example":  # (absent for "example": its cache keys stay as they were)
+    # Absent for a unit of one sequence: the cache keys of "example" stay as they were.
+    if privacy_units.get(privacy_unit).per_unit:
         payload["privacy_unit"] = privacy_unit
     if payload["canaries"]:
         payload["canaries"].pop("output_file", None)
@@ -245,6 +248,7 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
                      privacy_unit: str = "example",
                      ) -> tuple[Instances, Instances | None, dict[str, Any], list]:
     """Reads, splits, tokenizes, plants canaries and creates instances (the offline stage)."""
+    unit = privacy_units.get(privacy_unit)
     read_stats: list = []
     is_eval = None
     if cfg.eval_fraction > 0:
@@ -254,8 +258,8 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
             if by_subject and doc.subject_id == NO_SUBJECT:
                 raise ValueError(f"eval_split_unit='subject' but document {doc.key} has no "
                                  f"SUBJECT_ID")
-            if privacy_unit == "patient" and not by_subject and doc.subject_id != NO_SUBJECT:
-                raise ValueError("privacy_unit='patient' holds out whole patients but "
+            if unit.by_subject and not by_subject and doc.subject_id != NO_SUBJECT:
+                raise ValueError(f"privacy_unit={unit.name!r} holds out whole patients but "
                                  f"document {doc.key} has a SUBJECT_ID and data.eval_split_unit"
                                  "='document': set data.eval_split_unit='subject'")
             key = doc.subject_id if by_subject else doc.key
@@ -303,13 +307,13 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
                                                     train_corpus.num_documents)
     if record_identity:
         info["unit_multiplicity"]["record_identity"] = record_identity
-    if privacy_unit != "example":
+    if unit.per_unit:
         # How many documents (vocabulary records, for a vocabulary DP per document) one unit
         # spans at most: a patient's notes (a note is one document: ids are unique, see
         # identity). Private: only CHECKED
         # against the public cap vocab.max_records_per_unit (dpbert.reporting.report.vocab_relation).
         subjects = np.asarray(train_corpus.subject_ids)
-        keys = (subjects if privacy_unit == "patient" and (subjects != NO_SUBJECT).any()
+        keys = (subjects if unit.by_subject and (subjects != NO_SUBJECT).any()
                 else np.asarray(train_corpus.doc_keys))
         info["documents_per_unit_max"] = int(np.unique(keys, return_counts=True)[1].max())
     if canary_list:
@@ -406,7 +410,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
                   is_continuation=tok.is_continuation)
     meta = {**meta, "canary_file": canary_file, "cache_entry": entry}
     units = None
-    if privacy_unit != "example":
+    if privacy_units.get(privacy_unit).per_unit:
         units = unit_ids(train, privacy_unit)
         meta["units"] = _unit_summary(train, units, privacy_unit, meta)
     train_ds = PretrainingDataset(train, masking, seed=cfg.seed, metadata=meta, **common)
@@ -426,8 +430,7 @@ def _unit_summary(train: Instances, units: np.ndarray, privacy_unit: str,
     corpus statistics, not privatized)."""
     per_unit = np.bincount(units)
     has_subjects = bool((np.asarray(train.subject_id) != NO_SUBJECT).any())
-    key = {"note": "document",
-           "patient": "SUBJECT_ID" if has_subjects else "document"}[privacy_unit]
+    key = privacy_units.get(privacy_unit).key(has_subjects)
     return {"privacy_unit": privacy_unit, "unit_key": key, "num_units": int(len(per_unit)),
             "num_examples": int(len(units)),
             "examples_per_unit": {"max": int(per_unit.max()),

@@ -92,6 +92,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dpbert.core.checks import validate_delta
+
 # No corpus has ln(n) >= 40 (n >= 2e17 examples), so a per-word epsilon this large always
 # fails the theorem's condition eps' < ln n; also the floor of the PLD calibration (smaller
 # Laplace scales make dp_accounting's grid explode: minutes and gigabytes).
@@ -106,7 +108,7 @@ ACCOUNTING_MODES = ("pld", "basic")
 # Neighbouring relations of histogram_guarantee (see the module docstring).
 RELATIONS = ("add_remove", "replace")
 
-# The HistogramPrivacy fields that vocab_privacy.json stores (dp_vocab._report) and
+# The HistogramPrivacy fields that vocab_privacy.json stores (vocab_report.make_report) and
 # privacy_from_report checks against a fresh calibration, when present.
 REPORTED_PARAMETERS = ("noise_scale", "threshold", "epsilon_per_word", "delta_per_word",
                        "delta_noise", "delta_threshold")
@@ -263,9 +265,8 @@ def check_conditions(privacy: HistogramPrivacy, num_examples: int) -> None:
     if n < 2:
         raise VocabError(f"need at least 2 examples for a DP vocabulary, got {n}")
     # The example-level rule, checked and worded exactly as training checks its delta.
-    from dpbert.dp import accounting  # noqa: PLC0415 - lazy: workers never need it
     try:
-        accounting.validate_delta(privacy.delta, n)
+        validate_delta(privacy.delta, n)
     except ValueError as e:
         raise VocabError(f"vocabulary {e}") from None
     eps_w, delta_w = privacy.epsilon_per_word, privacy.delta_per_word
@@ -418,7 +419,7 @@ def privacy_from_report(report: Mapping[str, Any]) -> HistogramPrivacy:
     shippable subset of ``dpbert.reporting.report.public_vocab_report``) are recalibrated unchecked.
 
     Args:
-      report: the content of ``vocab_privacy.json`` (``dp_vocab._report``).
+      report: the content of ``vocab_privacy.json`` (``vocab_report.make_report``).
 
     Returns:
       The calibrated :class:`HistogramPrivacy`.

@@ -14,7 +14,7 @@ CrossShardOptimizer behaviour) the accountant is given S * sqrt(P) (Hoory et al.
 2021, Eq. 3), and `calibrate` prints the per-shard S.  --max_batch_size
 accounts Poisson batches truncated to at most M examples (what dpbert's
 fixed-shape sampler does).  --json prints ONE JSON object (the privacy report)
-on stdout.
+on stdout.  The answer is `dpbert.reporting.report.cli_answer`'s.
 
 Example (the scale of Hoory et al.: 83M MIMIC examples, batch 128k, delta 1e-8):
 
@@ -25,106 +25,47 @@ Example (the scale of Hoory et al.: 83M MIMIC examples, batch 128k, delta 1e-8):
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import app, flags
 
+from dpbert.dp import accountants, noise_modes, sampling
+from dpbert.reporting import report as report_lib
 from dpbert.runtime import cli
-from dpbert.dp import accounting, calibration
 
-_NUM_EXAMPLES = flags.DEFINE_integer("num_examples", None,
-                                     "N, dataset size in privacy units (e.g. sequences).")
-_BATCH_SIZE = flags.DEFINE_float("batch_size", None,
-                                 "Expected (Poisson) logical batch size B; q = B / N.")
-_NOISE_MULTIPLIER = flags.DEFINE_float("noise_multiplier", None,
-                                       "sigma: noise std / clip norm (epsilon command).")
-_TARGET_EPSILON = flags.DEFINE_float("target_epsilon", None,
-                                     "Epsilon to calibrate sigma for (calibrate command).")
-_STEPS = flags.DEFINE_integer("steps", None, "T, number of noisy updates (logical batches).")
-_DELTA = flags.DEFINE_float("delta", None, "delta, must be < 1/N.")
-_ACCOUNTANT = flags.DEFINE_enum("accountant", "pld", list(accounting.ACCOUNTANTS),
-                                "pld (default, tight) or rdp (cross-check).")
-_SAMPLING = flags.DEFINE_enum(
-    "sampling", "poisson", list(accounting.SAMPLING_MODES),
+flags.DEFINE_integer("num_examples", None, "N, dataset size in privacy units (e.g. sequences).")
+flags.DEFINE_float("batch_size", None, "Expected (Poisson) logical batch size B; q = B / N.")
+flags.DEFINE_float("noise_multiplier", None, "sigma: noise std / clip norm (epsilon command).")
+flags.DEFINE_float("target_epsilon", None, "Epsilon to calibrate sigma for (calibrate command).")
+flags.DEFINE_integer("steps", None, "T, number of noisy updates (logical batches).")
+flags.DEFINE_float("delta", None, "delta, must be < 1/N.")
+flags.DEFINE_enum("accountant", "pld", list(accountants.NAMES),
+                  "pld (default, tight) or rdp (cross-check).")
+flags.DEFINE_enum(
+    "sampling", "poisson", list(sampling.SAMPLING_MODES),
     "poisson (proven bound) or shuffle (epsilon computed as if Poisson; NOT a proven bound).")
-_NOISE_MODE = flags.DEFINE_enum(
-    "noise_mode", "global", list(accounting.NOISE_MODES),
+flags.DEFINE_enum(
+    "noise_mode", "global", list(noise_modes.NOISE_MODES),
     "global: one noise draw of std sigma*C per batch; per_shard: each of num_shards shards "
     "adds std sigma*C (accounted as sigma*sqrt(P)).")
-_NUM_SHARDS = flags.DEFINE_integer("num_shards", 1, "P, data shards (for --noise_mode=per_shard).")
-_MAX_BATCH_SIZE = flags.DEFINE_integer(
-    "max_batch_size", None, "Optional truncation of Poisson batches (PLD accountant only).")
+flags.DEFINE_integer("num_shards", 1, "P, data shards (for --noise_mode=per_shard).")
+flags.DEFINE_integer("max_batch_size", None,
+                     "Optional truncation of Poisson batches (PLD accountant only).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
-COMMANDS = ("epsilon", "calibrate")
-
-
-def _require(**values) -> None:
-    missing = [f"--{name}" for name, value in values.items() if value is None]
-    if missing:
-        raise ValueError(f"missing required flag(s): {', '.join(missing)}")
-
-
-def run(command: str) -> dict:
-    """Runs `command` with the parsed flags; returns the privacy report dict."""
-    _require(num_examples=_NUM_EXAMPLES.value, batch_size=_BATCH_SIZE.value,
-             steps=_STEPS.value, delta=_DELTA.value)
-    common = dict(expected_batch_size=_BATCH_SIZE.value, num_examples=_NUM_EXAMPLES.value,
-                  delta=_DELTA.value, sampling=_SAMPLING.value,
-                  noise_mode=_NOISE_MODE.value, num_shards=_NUM_SHARDS.value,
-                  max_batch_size=_MAX_BATCH_SIZE.value, accountant=_ACCOUNTANT.value)
-    if command == "epsilon":
-        _require(noise_multiplier=_NOISE_MULTIPLIER.value)
-        sigma = _NOISE_MULTIPLIER.value
-        epsilon = None
-    else:
-        _require(target_epsilon=_TARGET_EPSILON.value)
-        sigma = calibration.calibrate_noise_multiplier(
-            target_epsilon=_TARGET_EPSILON.value, steps=_STEPS.value, **common)
-        epsilon = None  # Recomputed below: the report states the calibrated sigma's epsilon.
-    spec = accounting.AccountingSpec(noise_multiplier=sigma, **common)
-    report = accounting.privacy_report(spec, _STEPS.value, clip_norm=None, epsilon=epsilon)
-    if command == "calibrate":
-        report["target_epsilon"] = _TARGET_EPSILON.value
-    return report
-
-
-def _text(command: str, report: dict) -> str:
-    lines = []
-    if command == "epsilon":
-        lines.append(f"epsilon = {report['epsilon']:.6g}  (delta = {report['delta']:.3g})")
-    else:
-        lines.append(f"noise_multiplier = {report['noise_multiplier']:.6g}  "
-                     f"(epsilon = {report['epsilon']:.6g} <= target "
-                     f"{report['target_epsilon']:.6g}, delta = {report['delta']:.3g})")
-    lines.append(f"  accountant={report['accountant']} sampling={report['sampling']} "
-                 f"q={report['sampling_probability']:.6g} steps={report['steps']} "
-                 f"noise_mode={report['noise_mode']} num_shards={report['num_shards']} "
-                 f"effective_noise_multiplier={report['effective_noise_multiplier']:.6g}")
-    if not report["proven_bound"]:
-        lines.append(f"  WARNING: {report['note']}")
-    elif accounting.COARSE_GRID_NOTE in report["note"]:
-        coarse = report["note"][report["note"].index(accounting.COARSE_GRID_NOTE):]
-        lines.append(f"  NOTE: {coarse}")
-    return "\n".join(lines)
+NAME = "privacy.py"
 
 
 def main(argv):
-    if len(argv) != 2 or argv[1] not in COMMANDS:
-        raise app.UsageError(f"give exactly one command: {' | '.join(COMMANDS)}; got {argv[1:]}")
-    command = argv[1]
+    if len(argv) != 2 or argv[1] not in report_lib.CLI_COMMANDS:
+        raise app.UsageError(f"give exactly one command: {' | '.join(report_lib.CLI_COMMANDS)}; "
+                             f"got {argv[1:]}")
     try:
-        report = run(command)
-    except ValueError as e:
-        # One clear line naming the bad value, no traceback.
-        print(f"privacy.py {command}: {e}", file=sys.stderr)
-        return 2
-    if _JSON.value:
-        print(json.dumps(report, sort_keys=True))
-    else:
-        print(_text(command, report))
+        report, text = report_lib.cli_answer(argv[1], flags.FLAGS.flag_values_dict())
+    except ValueError as e:  # one clear line naming the bad value, no traceback
+        cli.fail(NAME, str(e), 2)
+    print(json.dumps(report, sort_keys=True) if _JSON.value else text)
     return 0
 
 
 if __name__ == "__main__":
-    cli.run(main, "privacy.py")
+    cli.run(main, NAME)

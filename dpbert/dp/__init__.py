@@ -1,10 +1,13 @@
 """The DP-SGD engine: sample -> clip -> accumulate -> noise -> optimizer.
 
 Host side (NumPy, no JAX): `sampling` (Poisson / shuffle samplers producing
-fixed-size padded physical batches), `accounting` (dp_accounting events,
-epsilon, calibration, budget, privacy report), `ledger` (the accounting of a run
-across resumes), `randomness` (the run's secret noise key and sampler seed) and
-`plan` (`DPPlan`: all of the above for one run, plus the clipper's name).  Device
+fixed-size padded physical batches), `accounting` (`AccountingSpec`: the mechanism,
+its dp_accounting event and epsilon, the numbers of its report), `accountants` (the
+`Accountant` interface, PLD and RDP behind it), `calibration` (sigma for a target,
+steps within a budget), `noise_modes` (the sqrt(P) rule of per-shard noise),
+`ledger` (the accounting of a run across resumes), `randomness` (the run's secret
+noise key and sampler seed) and `plan` (`DPPlan`: all of the above for one run, plus
+the clipper's name). The privacy unit is `dpbert.core.units`'.  Device
 side (JAX, inside one jitted step): `clipping` (per-example clipped gradient sums and
 the clipper registry; `ghost` for the tied word embedding, `mixed_ghost` for dense layers
 and embeddings too; `BatchGradient` for non-private runs), `noise`, and `accumulation`
@@ -20,7 +23,9 @@ _EXPORTS = {
     "accounting": ("ACCOUNTANTS", "AccountingSpec", "compute_epsilon",
                    "effective_noise_multiplier", "make_dp_event", "privacy_report",
                    "progress_epsilon"),
-    "calibration": ("PrivacyBudget", "calibrate_noise_multiplier", "max_steps_within_budget",
+    "accountants": ("Accountant", "PldAccountant", "RdpAccountant"),
+    "calibration": ("PrivacyBudget", "calibrate", "calibrate_noise_multiplier",
+                    "max_steps_within_budget",
                     "recalibrate_for_batch_size", "scale_noise_multiplier_sqrt"),
     "accumulation": ("DPAggregator", "DPConfig", "DPState"),
     "clipping": ("BatchGradient", "GradientClipper", "LossFn", "VmapClipper", "batch_loss",
@@ -31,6 +36,7 @@ _EXPORTS = {
     "ghost": ("FactoredLoss", "TiedEmbeddingClipper"),
     "mixed_ghost": ("MixedGhostClipper", "TappedLoss"),
     "noise": ("add_noise", "noise_stddev"),
+    "noise_modes": ("NOISE_MODES", "shard_factor"),
     "sampling": ("PoissonSampler", "ShuffleSampler", "capacity_for_overflow_probability",
                  "make_sampler"),
     "trees": ("freeze_paths_containing", "resolve_trainable_mask"),

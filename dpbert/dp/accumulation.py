@@ -94,6 +94,8 @@ class DPConfig:
         (`dpbert.runtime.sharding.num_batch_shards(mesh)`, i.e. data x fsdp on dpbert's mesh).
         It sets the microbatch layout (one partial sum per shard) and, with
         noise_mode="per_shard", the noise std and the accounted sigma * sqrt(P).
+      noise_stddev: (not an argument) the total noise std, computed once from the fields
+        (`dpbert.dp.noise_modes.noise_stddev`; `DPPlan.make_updater` passes the plan's sigma).
     """
 
     clip_norm: float
@@ -103,6 +105,9 @@ class DPConfig:
     accumulation_steps: int = 1
     noise_mode: str = "global"
     num_shards: int = 1
+    # sigma * C (* sqrt(P) per shard): computed once, here, from the fields above
+    # (`dpbert.dp.noise_modes.noise_stddev`, which also validates them).
+    noise_stddev: float = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not (isinstance(self.expected_batch_size, (int, float))
@@ -112,15 +117,9 @@ class DPConfig:
         if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps={self.accumulation_steps!r} must be an "
                              "int >= 1")
-        # Validates clip_norm, noise_multiplier, noise_mode, num_shards.
-        noise_lib.noise_stddev(self.clip_norm, self.noise_multiplier, self.noise_mode,
-                               self.num_shards)
+        object.__setattr__(self, "noise_stddev", noise_lib.noise_stddev(
+            self.clip_norm, self.noise_multiplier, self.noise_mode, self.num_shards))
         clipping.VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards)
-
-    @property
-    def noise_stddev(self) -> float:
-        return noise_lib.noise_stddev(self.clip_norm, self.noise_multiplier,
-                                      self.noise_mode, self.num_shards)
 
     @classmethod
     def from_config(cls, config: Any) -> "DPConfig":
@@ -133,6 +132,8 @@ class DPConfig:
             lambda k, d=None: getattr(config, k, d))
         kwargs = {}
         for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
             value = get(f.name, None)
             if value is None:
                 if f.default is dataclasses.MISSING:

@@ -155,12 +155,9 @@ class PrivacyLedger:
         return PrivacyLedger(self.closed, self.current).epsilon(steps)
 
     def progress_epsilon(self, steps: int) -> float:
-        """`epsilon` for progress logs (PLD: cached single-step distributions)."""
-        if not self.prior:
-            return accounting.progress_epsilon(self.current, steps)
-        if self.current.accountant != "pld":
-            return self.epsilon(steps)
-        return accounting.fast_pld_epsilon(self.current, steps, prior=self.prior)
+        """`epsilon` for progress logs (`Accountant.progress_epsilon`; PLD: cached single-step
+        distributions)."""
+        return self.current.accounted_by.progress_epsilon(self.current, steps, self.prior)
 
     def max_steps_within_budget(self, target_epsilon: float, upper_limit: int) -> int:
         """Largest number of current-segment steps T <= upper_limit whose epsilon (with the

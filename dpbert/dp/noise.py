@@ -22,8 +22,8 @@ all-gathered: the same values, 1/P of the drawing per device.
 shards adds its own N(0, sigma^2 C^2) to its partial sum).  The sum of P
 independent N(0, sigma^2 C^2) draws is N(0, P sigma^2 C^2), so it is drawn as one
 global array of std sigma * C * sqrt(P) (same distribution, 1/P of the work);
-the accountant must then be given sigma * sqrt(P)
-(`accounting.effective_noise_multiplier`).
+the accountant must then be given sigma * sqrt(P). Both come from one rule,
+`dpbert.dp.noise_modes.shard_factor` (`noise_stddev`, `effective_noise_multiplier`).
 
 Keys: leaf i of logical step t uses ``fold_in(fold_in(step_key_base, t), i)``
 (see `accumulation.DPAggregator`), so keys never repeat across steps or leaves.
@@ -44,7 +44,6 @@ non-private step's temp memory).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -52,35 +51,9 @@ import jax.numpy as jnp
 
 from dpbert import prng
 from dpbert.dp import trees
-from dpbert.dp.accounting import NOISE_MODES
+from dpbert.dp.noise_modes import noise_stddev  # noqa: F401 - noise.noise_stddev is public
 
 PyTree = Any
-
-
-def noise_stddev(clip_norm: float, noise_multiplier: float, noise_mode: str = "global",
-                 num_shards: int = 1) -> float:
-    """Total std of the noise added to the clipped sum (Python float).
-
-    sigma * C, times sqrt(num_shards) for "per_shard".  sigma = 0 gives 0 even for
-    C = inf (the non-private test configuration).
-    """
-    if noise_mode not in NOISE_MODES:
-        raise ValueError(f"noise_mode={noise_mode!r} is not one of {list(NOISE_MODES)}")
-    if not noise_multiplier >= 0 or math.isinf(noise_multiplier):
-        raise ValueError(f"noise_multiplier={noise_multiplier!r} must be finite and >= 0")
-    if not clip_norm > 0:
-        raise ValueError(f"clip_norm={clip_norm!r} must be > 0")
-    if not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"num_shards={num_shards!r} must be a positive int")
-    if noise_multiplier == 0:
-        return 0.0
-    std = noise_multiplier * clip_norm
-    if noise_mode == "per_shard":
-        std *= math.sqrt(num_shards)
-    if math.isinf(std):
-        raise ValueError(f"noise std sigma*C is infinite (sigma={noise_multiplier}, "
-                         f"C={clip_norm}); a finite clip norm is required with noise")
-    return std
 
 
 def threefry_normal(key: jax.Array, shape: tuple[int, ...],

@@ -17,7 +17,10 @@ noise and the privacy event -- built from a config's `dp` and `batch` sections:
                      shape it needs from the task; per unit, the task's loss is wrapped into
                      the loss of one unit (`dpbert.dp.units`), so any clipper clips per unit
     noise            sigma (given, or calibrated once from dp.target_epsilon and then read from
-                     the ledger on every resume), C, global or per-shard noise
+                     the ledger on every resume), C, global or per-shard noise. sigma lives in
+                     ONE place, the ledger's current `AccountingSpec` (`DPPlan.spec`): the plan
+                     reads it from there and `make_updater` hands it to `DPConfig`, which
+                     computes the noise std once
     ledger           the privacy event of the whole run (`dpbert.dp.ledger`), None without DP
     num_steps        the global step to stop at: train.num_steps, capped by the budget
 
@@ -35,13 +38,15 @@ from typing import Any
 import ml_collections
 from absl import logging
 
-from dpbert.dp import accounting, calibration, sampling
+from dpbert.core import units as privacy_units
+from dpbert.dp import accountants, accounting, calibration, noise_modes, sampling
 from dpbert.dp import ledger as ledger_lib
-from dpbert.errors import ConfigError
+from dpbert.errors import ConfigError, need
 
-# Units the training loop implements: one sequence, one note (document), one patient
-# (SUBJECT_ID; a document in corpora without SUBJECT_IDs). See dpbert.dp.units.
-PRIVACY_UNITS = ("example", "note", "patient")
+# Units the training loop implements (`dpbert.core.units`): one sequence, one note (document),
+# one patient (SUBJECT_ID; a document in corpora without SUBJECT_IDs). See dpbert.dp.units for
+# the loss of one unit.
+PRIVACY_UNITS = privacy_units.NAMES
 UNIT_LOSSES = ("mean", "sum")
 # dp.clipping="auto": the task's fastest clipper for the run (`Task.auto_clipping`, resolved
 # by `dpbert.runtime.loop.validate` before the plan is made).
@@ -55,8 +60,6 @@ class DPPlan:
     private: bool
     clipping: str
     clip_norm: float
-    noise_multiplier: float
-    noise_mode: str
     num_examples: int
     num_shards: int
     expected_batch_size: float
@@ -74,14 +77,29 @@ class DPPlan:
     unit_loss: str | None = None
 
     @property
+    def unit(self) -> privacy_units.PrivacyUnit:
+        """The `dpbert.core.units.PrivacyUnit` of `privacy_unit`."""
+        return privacy_units.get(self.privacy_unit)
+
+    @property
     def per_unit(self) -> bool:
         """True when the sampler draws units of several examples ([units, K] batches)."""
-        return self.private and self.privacy_unit != "example"
+        return self.private and self.unit.per_unit
 
     @property
     def spec(self) -> accounting.AccountingSpec | None:
         """The mechanism of the current segment (None without DP)."""
         return None if self.ledger is None else self.ledger.current
+
+    @property
+    def noise_multiplier(self) -> float:
+        """sigma as configured or calibrated: the spec's (0 without DP)."""
+        return 0.0 if self.spec is None else self.spec.noise_multiplier
+
+    @property
+    def noise_mode(self) -> str:
+        """The spec's noise mode ("global" without DP)."""
+        return "global" if self.spec is None else self.spec.noise_mode
 
     @property
     def loss_shape(self) -> str:
@@ -117,16 +135,16 @@ class DPPlan:
                                          noise_layouts=noise_layouts)
 
 
-def _need(config: ml_collections.ConfigDict, section: str, cond: bool, field: str, why: str):
-    if not cond:
-        raise ConfigError(f"config.{section}.{field}={config.get(field)!r}: {why}")
-
-
 def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) -> None:
     """Checks of the dp and batch sections that need no data; one ConfigError per problem."""
     from dpbert.dp import clipping  # noqa: PLC0415
 
-    b = lambda *a: _need(batch, "batch", *a)  # noqa: E731
+    def b(cond: bool, field: str, why: str) -> None:
+        need(cond, f"batch.{field}", batch.get(field), why)
+
+    def d(cond: bool, field: str, why: str) -> None:
+        need(cond, f"dp.{field}", dp.get(field), why)
+
     b(batch.expected_batch_size > 0, "expected_batch_size", "must be > 0")
     b(isinstance(batch.physical_batch_size, int) and batch.physical_batch_size > 0,
       "physical_batch_size", "must be a positive integer")
@@ -134,14 +152,13 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
         b(batch.microbatch_size > 0 and batch.physical_batch_size % batch.microbatch_size == 0,
           "microbatch_size", f"must divide batch.physical_batch_size "
                              f"({batch.physical_batch_size})")
-    d = lambda *a: _need(dp, "dp", *a)  # noqa: E731
     if not dp.enabled:
         b(batch.expected_batch_size == batch.physical_batch_size, "expected_batch_size",
           "without DP, batches are fixed: set it equal to batch.physical_batch_size")
         return
     d(dp.privacy_unit in PRIVACY_UNITS, "privacy_unit",
       f"must be one of {PRIVACY_UNITS} (one training sequence, one note, one patient)")
-    if dp.privacy_unit != "example":
+    if privacy_units.get(dp.privacy_unit).per_unit:
         d(dp.sampling == "poisson", "sampling",
           f"privacy_unit={dp.privacy_unit!r} samples units with Poisson sampling: set "
           "dp.sampling='poisson'")
@@ -162,10 +179,9 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
     names = clipping.clipper_names()
     d(dp.clipping in names or dp.clipping == AUTO_CLIPPING, "clipping",
       f"must be one of {(AUTO_CLIPPING, *names)}")
-    d(dp.noise_mode in accounting.NOISE_MODES, "noise_mode",
-      f"must be one of {accounting.NOISE_MODES}")
-    d(dp.accountant in accounting.ACCOUNTANTS, "accountant",
-      f"must be one of {accounting.ACCOUNTANTS}")
+    d(dp.noise_mode in noise_modes.NOISE_MODES, "noise_mode",
+      f"must be one of {noise_modes.NOISE_MODES}")
+    d(dp.accountant in accountants.NAMES, "accountant", f"must be one of {accountants.NAMES}")
     d(0 < dp.overflow_probability < 1, "overflow_probability", "must be in (0, 1)")
     d(isinstance(dp.insecure_seeded_noise, bool), "insecure_seeded_noise",
       "must be True or False")
@@ -182,7 +198,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     model's training on data that may overlap (`dpbert.reporting.lineage.Lineage.segments`), composed
     into every epsilon and into the budget of dp.target_epsilon."""
     b = batch
-    per_unit = dp.enabled and dp.privacy_unit != "example"
+    per_unit = dp.enabled and privacy_units.get(dp.privacy_unit).per_unit
     what = "training examples"
     if per_unit:
         if unit_ids is None:
@@ -208,7 +224,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                                         expected_batch_size=b.physical_batch_size,
                                         physical_batch_size=b.physical_batch_size,
                                         seed=sampler_seed)
-        return DPPlan(False, "none", math.inf, 0.0, "global", num_examples, num_shards,
+        return DPPlan(False, "none", math.inf, num_examples, num_shards,
                       float(b.physical_batch_size), b.physical_batch_size, b.microbatch_size, 1,
                       num_steps, None, sampler, None)
     if dp.delta >= 1.0 / num_examples:
@@ -235,7 +251,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     ledger = _ledger(spec, saved_ledger, start_step, inherited)
     num_steps, by_budget = _budget(dp, ledger, num_steps, start_step)
 
-    return DPPlan(True, dp.clipping, float(dp.clip_norm), spec.noise_multiplier, dp.noise_mode,
+    return DPPlan(True, dp.clipping, float(dp.clip_norm),
                   num_examples, num_shards, float(b.expected_batch_size), b.physical_batch_size,
                   b.microbatch_size, calls, num_steps, by_budget, sampler, ledger,
                   dp.privacy_unit, dp.max_examples_per_unit if per_unit else None,
@@ -276,12 +292,7 @@ def _noise_multiplier(dp, spec: accounting.AccountingSpec, num_steps: int,
                      "the checkpoint, not recalibrated)", sigma)
         return sigma
     try:
-        sigma = calibration.calibrate_noise_multiplier(
-            target_epsilon=dp.target_epsilon, steps=num_steps,
-            expected_batch_size=spec.expected_batch_size, num_examples=spec.num_examples,
-            delta=spec.delta, accountant=spec.accountant, sampling=spec.sampling,
-            noise_mode=spec.noise_mode, num_shards=spec.num_shards,
-            max_batch_size=spec.max_batch_size, prior=inherited)
+        sigma = calibration.calibrate(spec, num_steps, dp.target_epsilon, prior=inherited)
     except ValueError as e:
         if not inherited:
             raise

@@ -6,8 +6,9 @@ and past 4 GB. `pld_discretization_for` coarsens the grid (by powers of two, so 
 nested) when one step's PLD would exceed `MAX_PLD_POINTS_SINGLE` points or the composed PLD
 `MAX_PLD_POINTS_COMPOSED` points (estimated on a coarse probe with dp_accounting's own truncation
 bounds). A coarser pessimistic grid still gives an upper bound on epsilon, only a looser one;
-`dpbert.dp.accounting.privacy_report` says so. Too small a sigma (a grid coarser than 1 nat),
-more than 1e8 steps, or sigma above 1e6 are refused with the reason. A sparse single-step PLD
+reports say so (`dpbert.dp.accountants.PldAccountant.coarse_grid`). Too small a sigma (a grid
+coarser than 1 nat) or more than 1e8 steps are refused with the reason (sigma above 1e6:
+`dpbert.dp.noise_modes`). A sparse single-step PLD
 (large sigma) composed many times goes to dp_accounting's dense path directly
 (`accountant_equivalent_epsilon`, the same number), because its sparse path first computes
 size ** steps exactly.
@@ -28,11 +29,6 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 # Grid size limits (see "Bounded PLD grids" above): a few seconds and < 1 GB per epsilon.
 MAX_PLD_POINTS_SINGLE = 500_000
 MAX_PLD_POINTS_COMPOSED = 4_000_000
-# Largest effective noise multiplier accounted (dp_accounting overflows beyond ~1e150 and
-# its RDP series stop converging near 1e10; epsilon is already ~1e-10 at 1e6).
-MAX_NOISE_MULTIPLIER = 1e6
-# Starts the sentence that privacy_report's note adds when the grid was coarsened.
-COARSE_GRID_NOTE = "Noise multiplier too small for the default PLD grid"
 # Coarsest grid (nats per point) accepted; a noise multiplier that needs more is refused.
 MAX_PLD_DISCRETIZATION = 1.0
 # Most steps the PLD accountant is asked to compose (dp_accounting's sparse self-composition

@@ -35,7 +35,7 @@ split across rows, calls or logical batches.  ``batch(call)`` then returns
 
 `ShuffleSampler` (``sampling="shuffle"``): fixed-size batches from a fresh
 permutation each epoch.  Provided for comparison; its epsilon is NOT a proven
-bound (see `accounting.SHUFFLE_NOTE`).
+bound (see `dpbert.reporting.report.SHUFFLE_NOTE`).
 """
 
 from __future__ import annotations
@@ -46,19 +46,10 @@ from typing import Any, Iterator
 import numpy as np
 from scipy import stats
 
+from dpbert.core.checks import check_int  # noqa: F401 - sampling.check_int is public
+
 
 SAMPLING_MODES = ("poisson", "shuffle")
-
-
-def check_int(name: str, value: Any, *, minimum: int) -> int:
-    """`value` as an int (ints, NumPy ints and integral floats), ValueError naming `name` if it
-    is not one or is below `minimum`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) and not (
-            isinstance(value, float) and value.is_integer()):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if int(value) < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum}")
-    return int(value)
 
 
 def capacity_for_overflow_probability(num_examples: int, expected_batch_size: float,

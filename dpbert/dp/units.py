@@ -1,5 +1,7 @@
 """Per-unit losses: a privacy unit (a note, a patient) made to look like ONE example.
 
+(What the units are, and which group several sequences: `dpbert.core.units`.)
+
 With `dp.privacy_unit` note or patient (issue 15) a physical batch holds units, not examples:
 every feature is [units, K, ...] (K = `dp.max_examples_per_unit` slots per unit, filled by
 `dpbert.dp.sampling.UnitPoissonSampler`) with `EXAMPLE_MASK` bool [units, K] saying which

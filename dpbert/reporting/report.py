@@ -26,6 +26,11 @@ Anything that voids the claim makes the run "not private" with the reason in the
 noise or sampling from a public seed (`dpbert.dp.randomness`), a vocabulary built from the
 private corpus without DP or with a public seed, a starting model trained on (possibly) the same
 data without DP, or no DP at all.
+
+Every sentence of a report is written here: the DP engine returns numbers and flags
+(`dpbert.dp.accounting.privacy_report`, `Accountant.coarse_grid`), the privacy unit its
+definition (`dpbert.core.units`), and this module words them (`mechanism_report`, the training
+row, the headline, the card, and `cli_answer` for launch/privacy.py).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import dataclasses
 import json
 from typing import Any, Mapping
 
+from dpbert.core import units as privacy_units
 from dpbert.dp import accounting
 from dpbert.dp import randomness
 
@@ -52,6 +58,13 @@ RELEASED_NOTE = ("The public report: what may ship with the model. Exact statist
                  "the mechanism are: sigma, C, the expected batch size, q, N (the number of "
                  "training units, which the accountant needs), the truncation size, the steps, "
                  "delta and the accountant.")
+SHUFFLE_NOTE = (
+    "sampling='shuffle' (fixed-size batches from shuffled epochs): epsilon is "
+    "computed as if batches were Poisson-sampled with q = batch_size / "
+    "num_examples. This is NOT a proven differential-privacy bound for "
+    "shuffled batches.")
+# Starts the sentence a mechanism's note adds when its PLD grid was coarsened.
+COARSE_GRID_NOTE = "Noise multiplier too small for the default PLD grid"
 # Fields of a run's report that hold exact corpus statistics (the workdir's report only).
 PRIVATE_FIELDS = ("units", "unit_multiplicity")
 # Vocabulary report fields that may travel with a model (the rest are exact corpus counts).
@@ -75,26 +88,19 @@ def fmt_eps(x: float | None) -> str:
 
 def unit_definition(privacy_unit: str, max_seq_length: int | None,
                     max_examples_per_unit: int | None = None, unit_key: str = "") -> str:
-    """One sentence: what the guarantee protects (`unit_key`: "SUBJECT_ID" or "document", the
-    key a patient was grouped by)."""
-    if privacy_unit == "example":
-        length = f" of at most {max_seq_length} tokens" if max_seq_length else ""
-        return f"one training sequence{length} ([CLS] A [SEP] B [SEP])"
-    per_batch = (f", at most {max_examples_per_unit} per batch"
-                 if max_examples_per_unit else "")
-    if privacy_unit == "patient" and unit_key == "document":
-        return ("one patient, here one document (the corpus has no SUBJECT_IDs), with all the "
-                f"training sequences made from it{per_batch}")
-    return {"note": f"one note (document) with all the training sequences made from "
-                    f"it{per_batch}",
-            "patient": f"one patient (SUBJECT_ID) with all the training sequences made from "
-                       f"their notes{per_batch}"}.get(privacy_unit, privacy_unit)
+    """One sentence: what the guarantee protects (`dpbert.core.units.PrivacyUnit.definition`;
+    `unit_key`: "SUBJECT_ID" or "document", the key a patient was grouped by). A name that is
+    no unit is returned as it is."""
+    unit = privacy_units.find(privacy_unit)
+    if unit is None:
+        return privacy_unit
+    return unit.definition(max_seq_length, max_examples_per_unit, unit_key)
 
 
 def vocab_unit(vocab_report: Mapping[str, Any] | None) -> str:
     """What the vocabulary's neighbouring records are: "patient" or "document" (a note, or a
     document of a text corpus; reports written before the field existed are per document)."""
-    return str((vocab_report or {}).get("unit", "document"))
+    return str((vocab_report or {}).get("unit", privacy_units.DOCUMENT_RECORD))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +114,8 @@ class VocabRelation:
     why: str
 
 
-def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
+def vocab_relation(vocab_report: Mapping[str, Any] | None,
+                   privacy_unit: str | privacy_units.PrivacyUnit, *,
                    per_sequence: bool = True, unit_key: str = "",
                    max_records_per_unit: int | None = None,
                    observed_records_per_unit: int | None = None) -> VocabRelation:
@@ -126,7 +133,8 @@ def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
     from dpbert.errors import ConfigError  # noqa: PLC0415
 
     v = vocab_unit(vocab_report)
-    if privacy_unit == "example":
+    unit = privacy_units.get(privacy_unit)
+    if not unit.per_unit:
         if per_sequence:
             return VocabRelation("replace", 2, (
                 f"one training sequence takes its text from up to 2 {v}s (segment A, and a "
@@ -135,12 +143,15 @@ def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
         return VocabRelation("replace", 1, (
             f"one fine-tuning example is assumed to lie within one {v} of the vocabulary's "
             "corpus; removing it modifies that record"))
-    if privacy_unit == "note" and v == "patient":
+    # A unit of one document (a note) inside a per-patient vocabulary's record.
+    if unit.vocab_record == privacy_units.DOCUMENT_RECORD and v == privacy_units.PATIENT_RECORD:
         return VocabRelation("replace", 1, "removing one note modifies its patient's vocabulary "
                                            "record (a patient's notes are one record)")
-    if privacy_unit == "patient" and (v == "patient" or unit_key == "document"):
+    if unit.vocab_record == privacy_units.PATIENT_RECORD and (
+            v == privacy_units.PATIENT_RECORD or unit_key == privacy_units.DOCUMENT_KEY):
         return VocabRelation("add_remove", 1, (
-            "one training patient is one vocabulary record" if v == "patient" else
+            "one training patient is one vocabulary record"
+            if v == privacy_units.PATIENT_RECORD else
             "the corpus has no SUBJECT_IDs: one training patient is one document, one "
             "vocabulary record"))
     # A per-document vocabulary and a training unit that may span several documents (a patient's
@@ -148,20 +159,19 @@ def vocab_relation(vocab_report: Mapping[str, Any] | None, privacy_unit: str, *,
     # before anything reads them, `data_pipelines.identity`): the public cap, checked.
     cap = int(max_records_per_unit) if max_records_per_unit else 1
     if observed_records_per_unit is not None and observed_records_per_unit > cap:
-        what = "patient" if privacy_unit == "patient" else "note (ROW_ID)"
         raise ConfigError(
             f"config.vocab.max_records_per_unit={max_records_per_unit!r}: the vocabulary is DP "
-            f"per document and one training {what} of this corpus spans more documents than "
-            f"that, so the vocabulary's guarantee per {privacy_unit} would not hold. Build the "
+            f"per document and one training {unit.noun} of this corpus spans more documents than "
+            f"that, so the vocabulary's guarantee per {unit.name} would not hold. Build the "
             "vocabulary per patient (launch/build_vocab.py --unit=patient, or let the run build "
             "it), or set vocab.max_records_per_unit to a public bound on documents per "
-            f"{privacy_unit} that the corpus respects (the vocabulary then counts that many "
+            f"{unit.name} that the corpus respects (the vocabulary then counts that many "
             "times, by group privacy)")
     if cap == 1:
-        return VocabRelation("add_remove", 1, f"one training {privacy_unit} is one document, one "
+        return VocabRelation("add_remove", 1, f"one training {unit.name} is one document, one "
                                               "vocabulary record")
     return VocabRelation("add_remove", cap, (
-        f"one training {privacy_unit} spans up to {cap} documents (the public bound "
+        f"one training {unit.name} spans up to {cap} documents (the public bound "
         "vocab.max_records_per_unit, checked on the corpus), each one vocabulary record"))
 
 
@@ -233,26 +243,136 @@ def public_vocabulary_part(part: Mapping[str, Any]) -> dict[str, Any]:
             if k in VOCAB_PUBLIC_FIELDS or k in _VOCAB_PART_FIELDS}
 
 
-def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_unit: str,
-                  secret: bool, target_epsilon: float | None,
-                  stopped_by_budget: bool, units: Mapping[str, Any] | None = None
-                  ) -> dict[str, Any]:
-    """The DP-SGD row: `accounting.privacy_report` of the composed ledger (`units`:
-    `units_part`, for privacy units of several sequences). With inherited segments (a starting
-    model trained on data that may overlap, `dpbert.reporting.lineage`) epsilon is their composition with
-    this run's; `this_run_epsilon` is this run's alone."""
-    total_steps = ledger.closed_steps + steps_in_segment
-    part = accounting.privacy_report(ledger.current, total_steps, clip_norm=clip_norm,
-                                     privacy_unit=privacy_unit,
-                                     epsilon=ledger.epsilon(steps_in_segment))
-    if units:
-        part.update(units)
-        part["note"] = part["note"].split(" The privacy unit")[0] + (
-            f" The sampler draws whole {privacy_unit}s (Poisson over the {units['num_units']} "
+# ------------------------------------------------------------------- one mechanism, in words
+
+def _sampling_sentence(spec: accounting.AccountingSpec, unit: privacy_units.PrivacyUnit) -> str:
+    if spec.sampling == "shuffle":
+        return SHUFFLE_NOTE
+    return ("Poisson sampling; epsilon is an upper bound from dp_accounting "
+            f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
+            f"{unit.name}s).")
+
+
+def _unit_sentence(unit: privacy_units.PrivacyUnit, units: Mapping[str, Any] | None) -> str:
+    """What the sampler and the clipper do with one unit (`units`: `units_part`, for units of
+    several sequences)."""
+    if not units:
+        return (f"The privacy unit ({unit.name!r}) must be what the sampler draws and the "
+                "clipper treats as ONE example (one dataset row); a unit spanning several rows "
+                "is not covered.")
+    return (f"The sampler draws whole {unit.name}s (Poisson over the {units['num_units']} "
             f"units, num_examples counts units), each contributing at most "
             f"{units['max_examples_per_unit']} sequences to a logical batch, and the clipper "
             f"clips each unit's gradient (the {units['unit_loss']} of its sequences' losses) "
             "once to clip_norm: one unit changes the clipped sum by at most clip_norm.")
+
+
+def grid_sentence(spec: accounting.AccountingSpec, steps: int) -> str:
+    """The sentence saying that `steps` steps of `spec` were accounted on a coarsened PLD grid
+    (`Accountant.coarse_grid`); "" on the default grid."""
+    grid = spec.accounted_by.coarse_grid(spec, steps)
+    if grid is None:
+        return ""
+    return (f"{COARSE_GRID_NOTE} ({accounting.DEFAULT_PLD_DISCRETIZATION:g}: minutes and "
+            f"gigabytes); a coarser pessimistic grid ({grid:g}) was used: epsilon is still an "
+            "upper bound, only a looser one.")
+
+
+def mechanism_note(spec: accounting.AccountingSpec, steps: int,
+                   privacy_unit: str | privacy_units.PrivacyUnit,
+                   units: Mapping[str, Any] | None = None) -> str:
+    """The `note` of one mechanism's report: how it is accounted, what one unit is to the
+    sampler and the clipper, and (one row per unit) whether the PLD grid was coarsened. (The
+    note of units of several sequences has never carried the grid sentence.)"""
+    unit = privacy_units.get(privacy_unit)
+    note = f"{_sampling_sentence(spec, unit)} {_unit_sentence(unit, units)}"
+    grid = "" if units else grid_sentence(spec, steps)
+    return f"{note} {grid}" if grid else note
+
+
+def mechanism_report(spec: accounting.AccountingSpec, steps: int, *, clip_norm: float | None,
+                     privacy_unit: str | privacy_units.PrivacyUnit = "example",
+                     epsilon: float | None = None) -> dict[str, Any]:
+    """The privacy statement of one mechanism, JSON-serialisable: `accounting.privacy_report`'s
+    numbers and flags (epsilon, delta, noise_multiplier, effective_noise_multiplier, clip_norm,
+    sampling, sampling_probability, expected_batch_size, max_batch_size, num_examples, steps,
+    accountant, privacy_unit, noise_mode, num_shards, proven_bound) and its `note`."""
+    part = accounting.privacy_report(spec, steps, clip_norm=clip_norm,
+                                     privacy_unit=privacy_unit, epsilon=epsilon)
+    part["note"] = mechanism_note(spec, part["steps"], privacy_unit)
+    return part
+
+
+# launch/privacy.py's two questions.
+CLI_COMMANDS = ("epsilon", "calibrate")
+
+
+def cli_answer(command: str, flags: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """launch/privacy.py's answer: (the privacy report, JSON-serialisable; the same in text).
+
+    `command`: "epsilon" (of `flags["noise_multiplier"]`) or "calibrate" (the smallest noise
+    multiplier within 0.1 % whose epsilon is <= `flags["target_epsilon"]`); `flags`: the
+    launcher's flag values by name (num_examples, batch_size, steps, delta, accountant,
+    sampling, noise_mode, num_shards, max_batch_size). ValueError naming a missing flag
+    (``--name``) or a bad value.
+    """
+    from dpbert.dp import calibration  # noqa: PLC0415
+
+    def require(*names: str) -> None:
+        missing = [f"--{name}" for name in names if flags.get(name) is None]
+        if missing:
+            raise ValueError(f"missing required flag(s): {', '.join(missing)}")
+
+    require("num_examples", "batch_size", "steps", "delta")
+    common = dict(expected_batch_size=flags["batch_size"], num_examples=flags["num_examples"],
+                  delta=flags["delta"], sampling=flags["sampling"],
+                  noise_mode=flags["noise_mode"], num_shards=flags["num_shards"],
+                  max_batch_size=flags["max_batch_size"], accountant=flags["accountant"])
+    if command == "epsilon":
+        require("noise_multiplier")
+        sigma = flags["noise_multiplier"]
+    else:
+        require("target_epsilon")
+        sigma = calibration.calibrate_noise_multiplier(
+            target_epsilon=flags["target_epsilon"], steps=flags["steps"], **common)
+    # The report states the epsilon of the calibrated sigma, recomputed.
+    spec = accounting.AccountingSpec(noise_multiplier=sigma, **common)
+    report = mechanism_report(spec, flags["steps"], clip_norm=None)
+    if command == "calibrate":
+        report["target_epsilon"] = flags["target_epsilon"]
+    if command == "epsilon":
+        lines = [f"epsilon = {report['epsilon']:.6g}  (delta = {report['delta']:.3g})"]
+    else:
+        lines = [f"noise_multiplier = {report['noise_multiplier']:.6g}  "
+                 f"(epsilon = {report['epsilon']:.6g} <= target "
+                 f"{report['target_epsilon']:.6g}, delta = {report['delta']:.3g})"]
+    lines.append(f"  accountant={report['accountant']} sampling={report['sampling']} "
+                 f"q={report['sampling_probability']:.6g} steps={report['steps']} "
+                 f"noise_mode={report['noise_mode']} num_shards={report['num_shards']} "
+                 f"effective_noise_multiplier={report['effective_noise_multiplier']:.6g}")
+    if not report["proven_bound"]:
+        lines.append(f"  WARNING: {report['note']}")
+    elif grid_sentence(spec, report["steps"]):
+        lines.append(f"  NOTE: {grid_sentence(spec, report['steps'])}")
+    return report, "\n".join(lines)
+
+
+def training_part(ledger, steps_in_segment: int, *, clip_norm: float,
+                  privacy_unit: str | privacy_units.PrivacyUnit,
+                  secret: bool, target_epsilon: float | None,
+                  stopped_by_budget: bool, units: Mapping[str, Any] | None = None
+                  ) -> dict[str, Any]:
+    """The DP-SGD row: the composed ledger's numbers (`accounting.privacy_report`) and their
+    note (`units`: `units_part`, for privacy units of several sequences). With inherited
+    segments (a starting model trained on data that may overlap, `dpbert.reporting.lineage`)
+    epsilon is their composition with this run's; `this_run_epsilon` is this run's alone."""
+    total_steps = ledger.closed_steps + steps_in_segment
+    part = accounting.privacy_report(ledger.current, total_steps, clip_norm=clip_norm,
+                                     privacy_unit=privacy_unit,
+                                     epsilon=ledger.epsilon(steps_in_segment))
+    part["note"] = mechanism_note(ledger.current, total_steps, privacy_unit, units)
+    if units:
+        part.update(units)
     part["segments"] = ledger.to_json(steps_in_segment)
     if ledger.closed:
         part["note"] += (f" The run was resumed under {len(ledger.closed) + 1} different "
@@ -274,7 +394,7 @@ def training_part(ledger, steps_in_segment: int, *, clip_norm: float, privacy_un
         part["why"] = ("the training noise and batch sampling were derived from a public seed "
                        "(dp.insecure_seeded_noise=True)")
     elif not part["proven_bound"]:
-        part["why"] = accounting.SHUFFLE_NOTE
+        part["why"] = SHUFFLE_NOTE
     return part
 
 
@@ -416,6 +536,12 @@ def lineage_lines(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _groups_sequences(privacy_unit: object) -> bool:
+    """Whether a report's unit is one of several sequences (`PrivacyUnit.per_unit`)."""
+    unit = privacy_units.find(privacy_unit)
+    return unit is not None and unit.per_unit
+
+
 def card_section(report: Mapping[str, Any] | None) -> list[str]:
     """The card's "## Privacy" section (markdown lines) for a run's PUBLIC report (None: no
     run)."""
@@ -455,7 +581,7 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
         lines.append(f"- Total: {report['composition']}.")
     lines.append(f"- What one unit is: {report['unit_definition']}."
                  + (f" The guarantee covers a whole {report['privacy_unit']} directly (no group "
-                    "privacy)." if report.get("privacy_unit") in ("note", "patient") else
+                    "privacy)." if _groups_sequences(report.get("privacy_unit")) else
                     " One note or one patient lands in many training sequences, so a guarantee "
                     "for a whole sentence, note or patient follows only by group privacy and is "
                     "much weaker (how many sequences each touches is an exact corpus statistic, "

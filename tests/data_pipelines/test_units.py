@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from configs import common
-from data_pipelines import corpora, datasets, documents, dp_vocab, instances, pretraining
+from data_pipelines import (corpora, datasets, documents, dp_vocab, instances, pretraining,
+                            unit_instances)
 from tests.data_pipelines.test_pretraining import make_corpus
 
 
@@ -33,7 +34,7 @@ def test_each_example_lies_in_exactly_one_unit(unit, subject):
     of_doc = doc_units(corpus, unit)
     a, b = np.asarray(inst.doc_index), np.asarray(inst.b_doc_index)
     np.testing.assert_array_equal(of_doc[a], of_doc[b])
-    ids = instances.unit_ids(inst, unit)
+    ids = unit_instances.unit_ids(inst, unit)
     assert ids.max() + 1 == len(np.unique(of_doc[a]))
     for u in range(ids.max() + 1):  # one id per unit, one unit per id
         assert len(np.unique(of_doc[a[ids == u]])) == 1
@@ -57,9 +58,9 @@ def test_example_instances_cannot_serve_a_larger_unit():
     inst = instances.create_instances(make_corpus(30, (2, 6), (3, 20)),
                                       instances.InstanceParams(max_seq_length=48),
                                       progress=False)
-    np.testing.assert_array_equal(instances.unit_ids(inst, "example"), np.arange(len(inst)))
+    np.testing.assert_array_equal(unit_instances.unit_ids(inst, "example"), np.arange(len(inst)))
     with pytest.raises(ValueError, match="take segment B from another patient"):
-        instances.unit_ids(inst, "patient")
+        unit_instances.unit_ids(inst, "patient")
 
 
 def test_patient_needs_a_subject_on_every_note():

@@ -13,7 +13,7 @@ import pytest
 import scipy.fft
 import scipy.signal
 
-from data_pipelines import corpora, dp_vocab, vocab_privacy
+from data_pipelines import corpora, vocab_privacy, vocab_report
 from data_pipelines.vocab_privacy import (VocabError, calibrate_histogram, histogram_guarantee,
                                           privacy_from_report)
 
@@ -354,8 +354,8 @@ def test_guarantee_is_frozen_and_explained():
 
 
 def _vocab_report(privacy, k=64, eps=2.0, delta=1e-6, unit="patient"):
-    report = dp_vocab._report(privacy, "noteevents", eps, delta, k, 1000, 500, 100, True, None,
-                              50_000, 3000, 800, corpora.ReadStats(), unit)
+    report = vocab_report.make_report(privacy, "noteevents", eps, delta, k, 1000, 500, 100,
+                                      True, None, 50_000, 3000, 800, corpora.ReadStats(), unit)
     return json.loads(json.dumps(report))  # what vocab_privacy.json gives back
 
 
@@ -404,7 +404,7 @@ def test_report_mismatch_and_bad_reports_refused():
         privacy_from_report({**report, "accounting": "rdp"})
     with pytest.raises(VocabError, match="mapping"):
         privacy_from_report([("epsilon", 2.0)])
-    non_dp = dp_vocab._report(None, "text", None, None, 64, 1000, 500, 100, True, None, 50,
-                              300, 300, corpora.ReadStats())
+    non_dp = vocab_report.make_report(None, "text", None, None, 64, 1000, 500, 100, True, None,
+                                      50, 300, 300, corpora.ReadStats())
     with pytest.raises(VocabError, match="without differential privacy"):
         privacy_from_report(non_dp)

@@ -9,7 +9,8 @@ import pytest
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from dpbert.dp import accounting, calibration, pld_grid
+from dpbert.dp import accountants, accounting, calibration, pld_grid
+from dpbert.reporting import report as report_lib
 
 # (noise_multiplier, q, steps, delta)
 FIXTURES = [
@@ -89,11 +90,11 @@ def test_truncated_poisson_uses_dp_accounting_truncated_event():
 def test_shuffle_is_computed_as_poisson_and_flagged_unproven():
     spec = accounting.AccountingSpec(noise_multiplier=1.0, expected_batch_size=500,
                                      num_examples=50_000, delta=1e-6, sampling="shuffle")
-    report = accounting.privacy_report(spec, 100, clip_norm=1.0)
+    report = report_lib.mechanism_report(spec, 100, clip_norm=1.0)
     assert report["epsilon"] == pytest.approx(_direct(1.0, 0.01, 100, 1e-6), rel=1e-9)
     assert report["proven_bound"] is False
     assert "NOT a proven" in report["note"]
-    poisson = accounting.privacy_report(spec.replace(sampling="poisson"), 100, clip_norm=1.0)
+    poisson = report_lib.mechanism_report(spec.replace(sampling="poisson"), 100, clip_norm=1.0)
     assert poisson["proven_bound"] is True
 
 
@@ -101,7 +102,7 @@ def test_privacy_report_fields():
     spec = accounting.AccountingSpec(noise_multiplier=0.6, expected_batch_size=512,
                                      num_examples=60_000, delta=1e-5, noise_mode="per_shard",
                                      num_shards=4, max_batch_size=2048)
-    report = accounting.privacy_report(spec, 200, clip_norm=0.01, privacy_unit="patient")
+    report = report_lib.mechanism_report(spec, 200, clip_norm=0.01, privacy_unit="patient")
     json.dumps(report)  # serialisable
     for key in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
                 "clip_norm", "sampling", "expected_batch_size", "num_examples", "steps",
@@ -277,7 +278,7 @@ def test_run_secrets_round_trip_and_hide_their_values():
 
 def _clear_grid_caches():
     for f in (pld_grid.bounded_discretization, pld_grid._probe_pmfs,
-              pld_grid._single_step_loss_range, accounting._single_step_pld):
+              pld_grid._single_step_loss_range, accountants._single_step_pld):
         f.cache_clear()
 
 
@@ -292,8 +293,8 @@ def test_tiny_sigma_is_bounded_and_says_so():
     assert grid > accounting.DEFAULT_PLD_DISCRETIZATION
     width = pld_grid._single_step_loss_range(0.01, 0.01, 1000, 20)
     assert width / grid <= pld_grid.MAX_PLD_POINTS_SINGLE
-    report = accounting.privacy_report(spec, 10, clip_norm=1.0, epsilon=1e4)
-    assert accounting.COARSE_GRID_NOTE in report["note"] and f"({grid:g})" in report["note"]
+    report = report_lib.mechanism_report(spec, 10, clip_norm=1.0, epsilon=1e4)
+    assert report_lib.COARSE_GRID_NOTE in report["note"] and f"({grid:g})" in report["note"]
     # Too small to account at all: a clear refusal, not a hang or an overflow.
     with pytest.raises(ValueError, match=r"noise multiplier 0.001 \(effective\) is too small"):
         spec.replace(noise_multiplier=0.001).epsilon(10)
@@ -310,7 +311,7 @@ def test_normal_sigma_keeps_the_default_grid():
                         (accounting.AccountingSpec(1.0, 131072, 83_000_000, 1e-8), 10_000),
                         (accounting.AccountingSpec(0.3, 128, 17316, 1e-5), 200)]:
         assert accounting.pld_discretization_for(spec, steps) == 1e-4
-        assert accounting.COARSE_GRID_NOTE not in accounting.privacy_report(
+        assert report_lib.COARSE_GRID_NOTE not in report_lib.mechanism_report(
             spec, steps, clip_norm=1.0, epsilon=1.0)["note"]
 
 
@@ -338,7 +339,7 @@ def test_many_steps_of_a_sparse_pld_do_not_hang_and_match_the_accountant():
     sparse single-step PMF before converting it to dense. Taking its dense path directly gives
     the accountant's epsilon bit for bit."""
     spec = accounting.AccountingSpec(50.0, 131072, 83_000_000, 1e-8)
-    single = accounting._single_step_pld(50.0, spec.q, spec.num_examples, None, 1e-4)
+    single = accountants._single_step_pld(50.0, spec.q, spec.num_examples, None, 1e-4)
     assert pld_grid.sparse_self_compose_is_slow(single, 100_000)
     direct = pld_grid.accountant_equivalent_epsilon(single, 100_000, 1e-8, 1e-4)
     assert direct == pld_privacy_accountant.PLDAccountant().compose(

@@ -1,0 +1,33 @@
+"""dpbert.dp.accountants: the Accountant of a spec is looked up by its name; RDP cannot account
+truncation; the sqrt(P) rule is one function for the accountant and the noise std."""
+
+import pytest
+
+from dpbert.dp import accountants, accounting, noise_modes
+
+
+def test_lookup_by_name_and_support():
+    assert accountants.get("pld") is accountants.PLD and accountants.get("rdp") is accountants.RDP
+    with pytest.raises(ValueError, match=r"accountant='moments' is not one of \['pld', 'rdp'\]"):
+        accountants.get("moments")
+    spec = accounting.AccountingSpec(1.0, 100, 10_000, 1e-6, max_batch_size=150)
+    assert spec.accounted_by is accountants.PLD
+    assert accountants.PLD.supports(spec) and not accountants.RDP.supports(spec)
+    assert accountants.RDP.supports(spec.replace(max_batch_size=None))
+
+
+def test_progress_and_exact_epsilon_agree():
+    spec = accounting.AccountingSpec(1.0, 100, 10_000, 1e-6, accountant="rdp")
+    assert accountants.RDP.progress_epsilon(spec, 50) == spec.epsilon(50)
+    assert accountants.RDP.progress_epsilon(spec, 0) == 0.0
+    pld = spec.replace(accountant="pld")
+    assert accountants.PLD.progress_epsilon(pld, 50) == pytest.approx(pld.epsilon(50), rel=1e-6)
+    assert accountants.PLD.coarse_grid(pld, 50) is None
+    assert accountants.RDP.coarse_grid(spec, 50) is None
+
+
+def test_the_sqrt_p_rule_is_shared():
+    assert noise_modes.shard_factor("global", 16) == 1.0
+    assert noise_modes.shard_factor("per_shard", 16) == 4.0
+    assert noise_modes.effective_noise_multiplier(0.5, "per_shard", 16) == 2.0
+    assert noise_modes.noise_stddev(0.1, 0.5, "per_shard", 16) == 0.5 * 0.1 * 4.0
