@@ -111,7 +111,10 @@ def test_train_launcher(tmp_path):
                      # None unsets a field (config_flags alone would parse it as a float)
                      "unset both": ["--config.dp.noise_multiplier=None",
                                     "--config.dp.target_epsilon=none"],
-                     "unset unknown": ["--config.dp.noise_multiplierr=None"]}.items():
+                     "unset unknown": ["--config.dp.noise_multiplierr=None"],
+                     # issue 35: a None override won whatever its position
+                     "twice": ["--config.dp.target_epsilon=None",
+                               "--config.dp.target_epsilon=1e-6"]}.items():
         res[key] = run_cli("train.py", demo, f"--workdir={tmp_path / 'w'}", *arg)
     for key in ("help", "helpfull"):
         assert res[key][0] == 0 and "--workdir" in res[key][1], res[key]
@@ -125,6 +128,8 @@ def test_train_launcher(tmp_path):
         "unset both": "train: config.dp.noise_multiplier=None: give a noise multiplier, or "
                       "dp.target_epsilon to calibrate one",
         "unset unknown": "train: error: --config.dp.noise_multiplierr: unknown config field",
+        "twice": "train: error: --config.dp.target_epsilon is given twice ('None', then "
+                 "'1e-6'); give each config field once",
         "ignored arg": "train: error: configs/demo_dp.py takes no config arg; got 'ARG'",
         "misspelt arg": "train: error: configs/mimic_dp.py: unknown config arg 'sise'; did you "
                         "mean 'size'?",
