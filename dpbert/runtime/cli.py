@@ -420,12 +420,15 @@ def check_output_path(path: str | None, flag: str, *, sources: Sequence[tuple[st
 # Config fields that name input files or folders (checked by `check_config_inputs`).
 CONFIG_INPUT_FIELDS = ("data.paths", "data.train", "data.eval", "vocab.file",
                        "model.init_from_hf", "data.canaries.file", "privacy.public_file")
+# Those that name a Hugging Face model folder (a training workdir there is refused by name).
+CONFIG_MODEL_FIELDS = ("model.init_from_hf",)
 
 
 def check_config_inputs(config, fields: Sequence[str] = CONFIG_INPUT_FIELDS) -> str | None:
     """`config.FIELD=PATH: why` for the first input path of `config` (the dotted `fields` it
-    has; a field may hold a list of paths) that is a FIFO, a socket or a device; None if there
-    is none. Missing files are left to the readers, which name them."""
+    has; a field may hold a list of paths) that is a FIFO, a socket or a device, or, for a
+    model folder (`CONFIG_MODEL_FIELDS`), a training workdir (`check_model_folder`); None if
+    there is none. Missing files are left to the readers, which name them."""
     for field in fields:
         node = config
         for part in field.split("."):
@@ -436,7 +439,19 @@ def check_config_inputs(config, fields: Sequence[str] = CONFIG_INPUT_FIELDS) -> 
                 problem = fileio.special_file_problem(path)
                 if problem:
                     return f"config.{field}={path}: {problem}"
+                if field in CONFIG_MODEL_FIELDS:
+                    problem = check_model_folder(path, f"config.{field}")
+                    if problem:
+                        return problem
     return None
+
+
+def check_model_folder(path: str | None, flag: str) -> str | None:
+    """`FLAG=PATH: PATH is a dpbert training workdir; its model is PATH/hf` when a training
+    workdir is given where a Hugging Face model folder is expected
+    (`fileio.training_workdir_problem`), else None (other problems: the model readers)."""
+    problem = fileio.training_workdir_problem(path)
+    return f"{flag}={path}: {problem}" if problem else None
 
 
 def check_input_path(path: str | None, flag: str) -> str | None:

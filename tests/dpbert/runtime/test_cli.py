@@ -178,3 +178,24 @@ def test_a_config_field_given_twice_is_refused_naming_both_values():
                  ["--other.dp.delta=1", "--other.dp.delta=2"]):
         assert cli.repeated_overrides(fine) is None, fine
 
+
+def test_a_training_workdir_given_as_a_model_folder_is_named(tmp_path):
+    """Issue 35: `--config.model.init_from_hf=W` (and export_hf --from_hf, analyze_dchi
+    --embeddings) said `W/privacy_report.json: not a dpbert privacy report` or `key
+    'model_type' is None`."""
+    w = tmp_path / "w"
+    (w / "checkpoints").mkdir(parents=True)
+    (w / "config.json").write_text("{}")
+    assert cli.check_model_folder(str(w), "--from_hf") == (
+        f"--from_hf={w}: {w} is a dpbert training workdir; its model is {w}/hf, which is not "
+        f"written yet (a run writes it when it ends; or export a checkpoint: python "
+        f"launch/export_hf.py --workdir={w} --out=DIR)")
+    (w / "hf").mkdir()
+    (w / "hf" / "config.json").write_text("{}")
+    from configs import finetune_classification
+    config = finetune_classification.get_config()
+    config.model.init_from_hf = str(w)
+    assert cli.check_config_inputs(config) == (
+        f"config.model.init_from_hf={w}: {w} is a dpbert training workdir; its model is {w}/hf")
+    config.model.init_from_hf = str(w / "hf")
+    assert cli.check_config_inputs(config) is None
