@@ -47,6 +47,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -86,6 +87,28 @@ def describe_labels(labels: Iterable[str]) -> str:
 
 
 HEADER_LABEL = "label"
+# Layout checks of `read_tsv`: a file of at least this many rows whose first column is unique
+# per row while its last column takes few values has its label in the last column.
+_LABEL_LAST_MIN_ROWS = 20
+# Numbers as labels ("1", "1.0", "-2", "1e3"): one class per number, whatever the spelling.
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+# (file, size, mtime) of the files whose quoting was already reported.
+_SAID_QUOTES: set[tuple] = set()
+
+
+def _unquoted(field: str) -> str:
+    field = field.strip()
+    return field[1:-1] if len(field) >= 2 and field[0] == field[-1] == '"' else field
+
+
+def _is_quoted(field: str) -> bool:
+    field = field.strip()
+    return len(field) >= 2 and field[0] == field[-1] == '"'
+
+
+def numeric_value(label: str) -> float | None:
+    """The number a label spells ("1", "1.0", "+1", "1e0" all spell 1.0), or None."""
+    return float(label) if _NUMBER.fullmatch(label.strip()) else None
 
 
 def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[TsvRow]:
@@ -105,6 +128,7 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
     columns = None
     first = True
     number = 0
+    quoted = 0
     with textcheck.open_text(path, DataError, newline="\n") as f:
         while True:
             try:
@@ -123,8 +147,17 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
             fields = line.split("\t")
             if first:
                 first = False
-                is_header = (fields[0].strip().lower() == HEADER_LABEL if header is None
-                             else header)
+                names = [_unquoted(x).lower() for x in fields]
+                if header is None and names[0] != HEADER_LABEL and len(fields) > 1 \
+                        and names[-1] == HEADER_LABEL:
+                    raise DataError(
+                        f"{path}:{number}: the header names column {len(fields)}, the LAST "
+                        f"one, '{HEADER_LABEL}' (text<TAB>label, the GLUE/SST-2 layout); this "
+                        "reader expects the label in the FIRST column: label<TAB>text"
+                        "[<TAB>text_b]. Reorder the columns"
+                        + (" (e.g. awk -F'\\t' -v OFS='\\t' '{print $2, $1}')"
+                           if len(fields) == 2 else ""))
+                is_header = names[0] == HEADER_LABEL if header is None else header
                 if is_header:
                     continue
             if len(fields) not in (2, 3):
@@ -143,9 +176,47 @@ def read_tsv(path: str | os.PathLike, *, header: bool | None = None) -> list[Tsv
                 if not text.strip():
                     raise DataError(f"{path}:{number}: empty text (column {i})")
             rows.append(TsvRow(label, fields[1], fields[2] if len(fields) == 3 else None, number))
+            quoted += all(_is_quoted(x) for x in fields)
     if not rows:
         raise DataError(f"{path}: no examples (the file is empty or has only a header)")
+    _check_label_column(rows, path)
+    if quoted == len(rows):
+        _say_quoted(path, len(rows))
     return rows
+
+
+def _check_label_column(rows: Sequence[TsvRow], path: pathlib.Path) -> None:
+    """Refuses a file whose label is evidently its last column: at least
+    `_LABEL_LAST_MIN_ROWS` rows, every first-column value different, and a last column of
+    few values (text<TAB>label without a header)."""
+    n = len(rows)
+    if n < _LABEL_LAST_MIN_ROWS or len({r.label for r in rows}) != n:
+        return
+    last = {(r.text_b if r.text_b is not None else r.text_a).strip() for r in rows}
+    if 4 * len(last) > n:
+        return
+    raise DataError(
+        f"{path}: each of the {n} rows has a label of its own in column 1, and the last column "
+        f"takes only {len(last)} value(s): is the label the last column (text<TAB>label, the "
+        "GLUE/SST-2 layout)? This reader expects the label in the FIRST column: label<TAB>"
+        "text[<TAB>text_b]; reorder the columns")
+
+
+def _say_quoted(path: pathlib.Path, n: int) -> None:
+    try:
+        st = path.stat()
+        key = (str(path.absolute()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (str(path.absolute()),)
+    if key in _SAID_QUOTES:
+        return
+    _SAID_QUOTES.add(key)
+    logging.warning(
+        '%s: every field of all %d rows is wrapped in double quotes ("0"<TAB>"text", a '
+        "CSV-style export?); this reader is not a CSV reader: the quotes stay part of the "
+        "labels and the texts (a model would learn them, and its labels would be named with "
+        "quotes). Write the file without quoting (e.g. pandas to_csv(sep='\\t', "
+        "quoting=csv.QUOTE_NONE))", path, n)
 
 
 def check_eval_file(train_path: str | os.PathLike, eval_path: str | os.PathLike) -> None:
@@ -190,6 +261,21 @@ class LabelMap:
 
     @classmethod
     def from_rows(cls, rows: Sequence[TsvRow], source: str | os.PathLike = "") -> "LabelMap":
+        """The labels of a training file's rows; a number written two ways (`1` and `1.0`)
+        is a DataError naming the first row of each spelling (it would make two classes)."""
+        first: dict[float, TsvRow] = {}
+        for r in rows:
+            value = numeric_value(r.label)
+            if value is None:
+                continue
+            seen = first.setdefault(value, r)
+            if seen.label != r.label:
+                raise DataError(
+                    f"{os.fspath(source) or 'the training file'}: numeric labels written two ways: lines {seen.line} and {r.line} "
+                    f"hold the same number spelt differently ({textcheck.describe(seen.label)}; "
+                    f"{textcheck.describe(r.label)}), which would make two classes of one; "
+                    "write each label one way, or set data.labels to the label set (a numeric "
+                    "label is then matched by its value)")
         return cls(tuple(sorted({r.label for r in rows}, key=_label_sort_key)),
                    source=os.fspath(source))
 
@@ -200,18 +286,29 @@ class LabelMap:
         """int32 [N] class ids; an unknown label is a `DataError` naming the line (never the
         label: its length and classes of characters)."""
         index = {n: i for i, n in enumerate(self.names)}
+        by_value = {numeric_value(n): i for i, n in enumerate(self.names)
+                    if numeric_value(n) is not None}
         out = np.empty(len(rows), np.int32)
         for j, r in enumerate(rows):
-            if r.label not in index:
-                if self.declared:
-                    known = f"the labels given are {describe_labels(self.names)}"
-                else:
-                    source = f" {self.source}" if self.source else ""
-                    known = (f"no row of the training file{source} has it "
-                             f"({len(self.names)} labels)")
-                raise DataError(f"{path}:{r.line}:1: unknown label {describe_label(r.label)}; "
-                                f"{known}")
-            out[j] = index[r.label]
+            if r.label in index:
+                out[j] = index[r.label]
+                continue
+            value = numeric_value(r.label)
+            if self.declared and value in by_value:
+                out[j] = by_value[value]   # "1.0" is the given label "1"
+                continue
+            if self.declared:
+                known = f"the labels given are {describe_labels(self.names)}"
+            else:
+                source = f" {self.source}" if self.source else ""
+                known = (f"no row of the training file{source} has it "
+                         f"({len(self.names)} labels)")
+                if value in by_value:
+                    known += ("; it is the number of a training label written another way: "
+                              "write numeric labels one way in both files, or set data.labels "
+                              "(a numeric label is then matched by its value)")
+            raise DataError(f"{path}:{r.line}:1: unknown label {describe_label(r.label)}; "
+                            f"{known}")
         return out
 
 
@@ -220,8 +317,8 @@ def check_label_sets(train: LabelMap, eval_rows: Sequence[TsvRow], train_path, e
     """The eval file must use exactly the training labels (else accuracy means something else).
     A missing label is shown when it was given (`train.declared`), else named by the first
     training row that has it."""
-    train.ids(eval_rows, eval_path)   # an eval label unknown to training: names its line
-    present = {r.label for r in eval_rows}
+    ids = train.ids(eval_rows, eval_path)   # an eval label unknown to training: names its line
+    present = {train.names[i] for i in ids}
     missing = [n for n in train.names if n not in present]
     if not missing:
         return
@@ -376,6 +473,10 @@ def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
         label_map = LabelMap(tuple(str(x) for x in labels), declared=True)
         if len(set(label_map.names)) != len(label_map):
             raise DataError(f"labels {describe_labels(label_map.names)} has duplicates")
+        values = [numeric_value(n) for n in label_map.names if numeric_value(n) is not None]
+        if len(set(values)) != len(values):
+            raise DataError(f"labels {describe_labels(label_map.names)} name one number twice "
+                            "(written two ways); give each label once")
         label_map.ids(train_rows, train_path)
     else:
         label_map = LabelMap.from_rows(train_rows, train_path)

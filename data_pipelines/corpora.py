@@ -11,7 +11,7 @@ bounded by the longest document, whatever the file size.
   ``HADM_ID`` so that the privacy unit can later be the patient.
 
 Bad input is never dropped silently.  Rows that cannot be used (wrong field count,
-non-integer ids, an unknown ``ISERROR`` value, bytes that are not UTF-8 or control
+ids that are not integers in [0, 2^63), an unknown ``ISERROR`` value, bytes that are not UTF-8 or control
 characters, empty notes, rows flagged ``ISERROR=1``) are skipped and counted in a
 :class:`ReadStats`; a summary is logged when the file ends (with where the first bad row
 is).  When more than ``max_bad_fraction`` (default :data:`DEFAULT_MAX_BAD_FRACTION`, 1 %) of
@@ -100,8 +100,9 @@ class ReadStats:
       records_read: data records seen (CSV rows after the header, or text documents).
       records_kept: records yielded to the caller.
       skipped_iserror: NOTEEVENTS rows with ``ISERROR=1`` (MIMIC flags these as wrong).
-      skipped_malformed: rows with a wrong field count, a non-integer id, an unknown
-        ``ISERROR`` value, or a field over the size limit.
+      skipped_malformed: rows with a wrong field count, an id that is not an integer in
+        [0, 2^63) (ids are int64 downstream), an unknown ``ISERROR`` value, or a field over
+        the size limit.
       skipped_empty: notes whose text is only whitespace; for text corpora, documents
         left with no sentence.
       skipped_bad_utf8: NOTEEVENTS rows, or text-corpus lines, with bytes that are not
@@ -133,6 +134,17 @@ class ReadStats:
         if self.first_bad_line is None:
             self.first_bad_line, self.first_bad_reason = line, reason
             self.first_bad_column = column
+
+    def single_document(self) -> str | None:
+        """For a text corpus read as one document although it has several lines (no blank
+        line between documents): ``"PATH: 1 document (no blank line between documents in N
+        lines)"``; else None. One document is one vocabulary record and one training unit, so
+        such a file blocks a run that needs two (the vocabulary's "need at least 2 examples",
+        an empty training or held-out split)."""
+        if self.records_read == 1 and self.lines_read >= 2:
+            return (f"{self.path}: 1 document (no blank line between documents in "
+                    f"{self.lines_read} lines)")
+        return None
 
     def first_bad(self) -> str:
         """Where the first unparseable row starts and why (no content)."""
@@ -197,6 +209,8 @@ def read_text_documents(path: str | os.PathLike[str],
     bytes that are not UTF-8 or a control character (NUL included; tab and CR are text) is
     dropped and counted in ``stats.skipped_bad_utf8`` (the first one's line and column are
     remembered); a document left without any sentence is counted in ``stats.skipped_empty``.
+    A file of several lines and no blank line is ONE document: a WARNING says so (once per
+    file), since one record is what blocks a vocabulary or a split that needs two.
 
     Args:
       path: the corpus file.
@@ -251,6 +265,27 @@ def read_text_documents(path: str | os.PathLike[str],
             yield from _finish_document(doc, stats)
     _log_and_check(stats, stats.skipped_bad_utf8, stats.lines_read, "lines",
                    max_bad_fraction)
+    single = stats.single_document()
+    if single:
+        _warn_once(stats.path, f"{single}: a document is one record of the DP vocabulary and "
+                               "one privacy unit of training, so the whole file counts as ONE; "
+                               "put a blank line between documents")
+
+
+# (file, size, mtime, message) of the warnings already given (once per file and process: the
+# record-identity check reads a corpus twice).
+_WARNED: set[tuple] = set()
+
+
+def _warn_once(path: str, message: str) -> None:
+    try:
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, message)
+    except OSError:
+        key = (os.path.abspath(path), message)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logging.warning("%s", message)
 
 
 class _ScannedLines:
@@ -298,12 +333,20 @@ def _finish_document(doc: list[str], stats: ReadStats) -> Iterator[list[str]]:
         stats.skipped_empty += 1
 
 
+# Ids are kept as int64 downstream (record identity, tokenized corpora, instances).
+MAX_ID = 2**63 - 1
+
+
 def _parse_int(value: str) -> int:
-    """Parses a MIMIC id (``"123"``, spaces tolerated); anything else raises ValueError."""
+    """Parses a MIMIC id (``"123"``, spaces tolerated) in [0, MAX_ID]; anything else raises
+    ValueError (its message says why, never the value)."""
     value = value.strip()
     # isdecimal() alone would accept non-ASCII digits; MIMIC ids are ASCII.
     if not (value.isascii() and value.isdecimal()):
-        raise ValueError(value)
+        raise ValueError("is not an integer")
+    if len(value.lstrip("0")) > 19 or int(value) > MAX_ID:
+        raise ValueError(f"is too large ({len(value.lstrip('0'))} digits; ids must be below "
+                         "2^63)")
     return int(value)
 
 
@@ -313,6 +356,15 @@ def _check_header(header: list[str] | None, path: str) -> dict[str, int]:
         raise CorpusError(f"{path}: the file is empty (expected a NOTEEVENTS header: "
                           f"{','.join(NOTEEVENTS_COLUMNS)})")
     names = [h.strip().lstrip("\ufeff").strip('"').upper() for h in header]
+    for column in NOTEEVENTS_COLUMNS:
+        fields = [i + 1 for i, n in enumerate(names) if n == column]
+        if len(fields) > 1:
+            # Which copy holds the column is anyone's guess (a shifted or hand-edited header):
+            # reading either could take another column's values for this one.
+            times = "twice" if len(fields) == 2 else f"{len(fields)} times"
+            where = ", ".join(map(str, fields[:-1])) + f" and {fields[-1]}"
+            raise CorpusError(f"{path}: line 1: column {column} appears {times} (fields "
+                              f"{where}); each NOTEEVENTS column must be named once")
     missing = [c for c in NOTEEVENTS_COLUMNS if c not in names]
     if missing:
         # Never echo the line: without a header it is the first note (private text).
@@ -331,11 +383,12 @@ def read_noteevents(path: str | os.PathLike[str],
                     max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION) -> Iterator[Note]:
     """Streams notes from a MIMIC-III ``NOTEEVENTS.csv`` or ``NOTEEVENTS.csv.gz``.
 
-    Columns are found by name in the header (any order; extra columns are allowed).
+    Columns are found by name in the header (any order; extra columns are allowed; a
+    NOTEEVENTS column named twice is refused).
     Rows with ``ISERROR=1`` are skipped (MIMIC marks them as erroneous notes); rows with
-    a wrong field count, a non-integer ``ROW_ID``/``SUBJECT_ID``/``HADM_ID`` (``HADM_ID``
-    may be empty), an ``ISERROR`` other than empty/0/1, bytes that are not UTF-8 or a
-    control character (NUL included, in any field; tab, newline and CR are text), or an
+    a wrong field count, a ``ROW_ID``/``SUBJECT_ID``/``HADM_ID`` that is not an integer in
+    [0, 2^63) (``HADM_ID`` may be empty), an ``ISERROR`` other than empty/0/1, bytes that are
+    not UTF-8 or a control character (NUL included, in any field; tab, newline and CR are text), or an
     empty ``TEXT`` are skipped and counted in ``stats``; one summary line is logged at
     the end.
 
@@ -452,9 +505,9 @@ def _parse_row(row: list[str], col: dict[str, int], num_fields: int,
             continue
         try:
             _parse_int(value)
-        except ValueError:
+        except ValueError as e:
             stats.skipped_malformed += 1
-            bad(f"{name} is not an integer")
+            bad(f"{name} {e}")
             return None
     row_id = _parse_int(row[col["ROW_ID"]])
     subject_id = _parse_int(row[col["SUBJECT_ID"]])

@@ -75,12 +75,20 @@ def text_documents(paths: Sequence[str],
 
 
 def note_documents(notes: Iterable[corpora.Note], *, categories: Sequence[str] = (),
-                   max_sentence_chars: int = 1000) -> Iterator[Document]:
-    """One document per note (optionally only the given CATEGORY values), sentence-split."""
+                   max_sentence_chars: int = 1000,
+                   counts: dict[str, int] | None = None) -> Iterator[Document]:
+    """One document per note (optionally only the given CATEGORY values, compared
+    case-insensitively), sentence-split. ``counts`` (optional) receives ``notes`` (seen) and
+    ``in_categories`` (kept by the category filter), so that an empty result can say why."""
     wanted = {c.strip().lower() for c in categories}
+    counts = counts if counts is not None else {}
+    counts.setdefault("notes", 0)
+    counts.setdefault("in_categories", 0)
     for note in notes:
+        counts["notes"] += 1
         if wanted and note.category.strip().lower() not in wanted:
             continue
+        counts["in_categories"] += 1
         sents = sentences.split_sentences(note.text, max_chars=max_sentence_chars)
         if sents:
             yield Document(sentences=sents, subject_id=note.subject_id, key=note.row_id)
@@ -91,15 +99,17 @@ def noteevents_documents(path: str, *, categories: Sequence[str] = (),
                          stats: corpora.ReadStats | None = None,
                          max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
                          duplicate_ids: str = identity.DEFAULT_RULE,
-                         identity_summary: dict | None = None) -> Iterator[Document]:
+                         identity_summary: dict | None = None,
+                         counts: dict[str, int] | None = None) -> Iterator[Document]:
     """Documents of a MIMIC-III NOTEEVENTS.csv(.gz) (bad rows counted and skipped; more than
     ``max_bad_fraction`` of them is an error, see ``corpora.read_noteevents``). A ROW_ID that
     occurs twice in the file (whatever the categories kept) is refused, or merged where the
-    copies are identical with ``duplicate_ids="merge_identical"`` (``identity``)."""
+    copies are identical with ``duplicate_ids="merge_identical"`` (``identity``). ``counts``:
+    see ``note_documents``."""
     return note_documents(identity.unique_notes(path, stats, max_bad_fraction, duplicate_ids,
                                                 identity_summary),
                           categories=categories,
-                          max_sentence_chars=max_sentence_chars)
+                          max_sentence_chars=max_sentence_chars, counts=counts)
 
 
 def synthetic_documents(num_notes: int, *, seed: int = 0,

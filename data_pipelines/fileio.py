@@ -123,3 +123,25 @@ def special_file_problem(path: str | os.PathLike) -> str | None:
             return (f"is {kind}, not a regular file; write its content to a file first (it "
                     "is read more than once)")
     return None
+
+
+def training_workdir_problem(path: str | os.PathLike | None) -> str | None:
+    """`PATH is a dpbert training workdir; its model is PATH/hf` when `path` is a dpbert
+    training (or fine-tuning) workdir given where a model folder is expected, else None.
+
+    A workdir is recognised by its `checkpoints/` folder beside its `run.json` or `config.json`
+    (the run's config: not a Hugging Face config.json, which is why reading it as a model
+    failed with "key 'model_type' is None" or "not a dpbert privacy report"). Local paths
+    only."""
+    if path is None or not str(path).strip() or "://" in str(path):
+        return None
+    folder = pathlib.Path(path)
+    if not (folder / "checkpoints").is_dir() or not any(
+            (folder / name).is_file() for name in ("run.json", "config.json")):
+        return None
+    model = folder / "hf"
+    if (model / "config.json").is_file():
+        return f"{path} is a dpbert training workdir; its model is {model}"
+    return (f"{path} is a dpbert training workdir; its model is {model}, which is not written "
+            f"yet (a run writes it when it ends; or export a checkpoint: python "
+            f"launch/export_hf.py --workdir={path} --out=DIR)")

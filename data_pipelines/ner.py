@@ -25,7 +25,10 @@ note i does not depend on how many notes are made.
 
 `read_conll`: one `token<space or TAB>...<TAB>tag` per line (the first column is the word, the
 last the tag, so CoNLL-2003's 4-column layout reads too), a blank line between sentences, and
-`-DOCSTART-` lines between documents (a file without them is one document). Tags must be `O`
+`-DOCSTART-` lines between documents, in any case (`-docstart-` of a lower-cased copy too;
+CoNLL-2003 and most readers write and match the upper-case form). A file without them is one
+document, which a WARNING says when it has more than one sentence: the document is the
+fine-tuning privacy unit, so such a file is one example. Tags must be `O`
 or `<B|I|E|S>-<type>`. Files are read under the byte-level rules of every text reader
 (`data_pipelines.textcheck`: gzip read, a UTF-8 byte-order mark skipped and said, bytes that
 are not UTF-8 and control characters other than tab and CR refused with line and column).
@@ -59,6 +62,7 @@ import random
 from typing import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
 from data_pipelines import synthetic_notes, synthetic_tables, textcheck, tokenization
 from data_pipelines.classification import DataError, describe_label, describe_labels
@@ -242,18 +246,49 @@ def entity_counts(documents: Iterable[Document]) -> dict[str, int]:
 # ----------------------------------------------------------------------------- CoNLL files
 
 
+def is_docstart(word: str) -> bool:
+    """Whether a line's first column is the document separator `-DOCSTART-`, in any case: a
+    lower-cased copy of a CoNLL-2003 file has `-docstart-`, which must not become a word of a
+    document (tagged O) that then runs into the next one."""
+    return word.upper() == DOCSTART
+
+
+# (file, size, mtime) of the files already reported as one document.
+_SAID_ONE_DOCUMENT: set[tuple] = set()
+
+
+def _say_one_document(path: pathlib.Path, sentences: int) -> str:
+    message = (f"{path}: no {DOCSTART} line, so the whole file ({sentences} sentences) is ONE "
+               "document: one example and one privacy unit (a fine-tuning unit is a document); "
+               f"put a '{DOCSTART} O' line before each document")
+    try:
+        st = path.stat()
+        key = (str(path.absolute()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (str(path.absolute()),)
+    if key not in _SAID_ONE_DOCUMENT:
+        _SAID_ONE_DOCUMENT.add(key)
+        logging.warning("%s", message)
+    return message
+
+
 def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
-               tags: Sequence[str] | None = None, tags_from: str = "") -> list[Document]:
+               tags: Sequence[str] | None = None, tags_from: str = "",
+               min_documents: int = 1) -> list[Document]:
     """Documents of CoNLL-style BIO files (module docstring).
 
     tags: the allowed tag set. When it was given by the user (data.labels) it is shown in the
       message for a tag outside it; `tags_from` names instead where a set read from data comes
       from (e.g. "the training documents of train.conll"): that set is then not shown.
+    min_documents: the fewest documents the files must hold together when one of them has no
+      `-DOCSTART-` line (a DataError saying that such a file is one document); a file without
+      one and with more than one sentence is said in a WARNING whatever this is.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     allowed = None if tags is None else set(tags)
     docs: list[Document] = []
+    undivided: list[str] = []   # the one-document messages of files without -DOCSTART-
     for path in map(pathlib.Path, paths):
         if not path.is_file():
             raise DataError(f"{path}: file not found")
@@ -287,7 +322,7 @@ def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
                 if not fields:
                     end_sentence()
                     continue
-                if fields[0] == DOCSTART:
+                if is_docstart(fields[0]):
                     end_sentence()
                     if current:
                         file_docs.append(current)
@@ -315,9 +350,14 @@ def read_conll(paths: str | os.PathLike | Sequence[str | os.PathLike], *,
             file_docs.append(current)
         if not file_docs:
             raise DataError(f"{path}: no sentences (the file is empty)")
+        if not saw_docstart and len(file_docs[0]) > 1:
+            undivided.append(_say_one_document(path, len(file_docs[0])))
         for k, sentences in enumerate(file_docs):
             doc_id = f"{path.name}#{k}" if saw_docstart else path.name
             docs.append(Document(doc_id, tuple(sentences)))
+    if undivided and len(docs) < min_documents:
+        raise DataError(f"{undivided[0]}; at least {min_documents} documents are needed, "
+                        f"{len(docs)} found")
     return docs
 
 
@@ -341,6 +381,10 @@ def write_conll(path: str | os.PathLike, documents: Iterable[Document]) -> int:
                 for w, t in zip(s.words, s.tags):
                     if not w or any(c.isspace() for c in w):
                         raise ValueError(f"{doc.doc_id}: a word is empty or contains whitespace")
+                    if is_docstart(w):
+                        raise ValueError(f"{doc.doc_id}: a word is the document separator "
+                                         f"{DOCSTART} (in some case); it would be read back as "
+                                         "one")
                     f.write(f"{w} {t}\n")
                 f.write("\n")
             n += 1

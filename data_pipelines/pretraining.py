@@ -161,11 +161,13 @@ def _capped(docs: Iterable[Any], limit: int) -> Iterator[Any]:
 
 
 def _documents(cfg: ml_collections.ConfigDict, read_stats: list,
-               identity_summary: dict | None = None) -> Iterator[Any]:
+               identity_summary: dict | None = None,
+               note_counts: dict | None = None) -> Iterator[Any]:
     """All documents of the configured corpus, one per identity (ROW_ID, or a text's content:
     ``identity``): repeated ids are refused before the first document is yielded, or their
     identical copies dropped (``data.duplicate_ids``); ``identity_summary`` receives what
-    was done."""
+    was done, ``note_counts`` how many notes the category filter kept (``documents.
+    note_documents``)."""
     from data_pipelines import corpora, documents  # noqa: PLC0415
 
     limit = cfg.max_documents
@@ -181,7 +183,7 @@ def _documents(cfg: ml_collections.ConfigDict, read_stats: list,
             cfg.paths[0], categories=cfg.noteevents_categories,
             max_sentence_chars=cfg.max_sentence_chars, stats=st,
             max_bad_fraction=cfg.max_bad_fraction, duplicate_ids=rule,
-            identity_summary=identity_summary), limit)
+            identity_summary=identity_summary, counts=note_counts), limit)
     elif cfg.corpus == "synthetic":
         yield from documents.synthetic_documents(cfg.synthetic_num_notes,
                                                  seed=cfg.synthetic_seed,
@@ -266,8 +268,9 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
             return heldout_draw(cfg.seed, key) < cfg.eval_fraction
 
     record_identity: dict[str, Any] = {}
-    train_corpus, eval_corpus = tokenize_and_split(_documents(cfg, read_stats, record_identity),
-                                                   tok, is_eval=is_eval)
+    note_counts: dict[str, int] = {}
+    train_corpus, eval_corpus = tokenize_and_split(
+        _documents(cfg, read_stats, record_identity, note_counts), tok, is_eval=is_eval)
     info: dict[str, Any] = {
         "read_stats": [s.summary() for s in read_stats],
         # How duplicated ids were handled, with exact counts (private: the workdir's report).
@@ -278,11 +281,12 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
             train_corpus.subject_ids != NO_SUBJECT]))),
     }
     if train_corpus.num_documents == 0:
-        raise ValueError(f"the {cfg.corpus} corpus yielded no training document with text "
-                         f"({'; '.join(info['read_stats']) or 'no reader statistics'})")
+        raise ValueError(_no_training_document(cfg, read_stats, note_counts,
+                                               eval_corpus.num_documents))
     if cfg.eval_fraction > 0 and eval_corpus.num_documents == 0:
         raise ValueError(f"data.eval_fraction={cfg.eval_fraction} held out no document of "
-                         f"{train_corpus.num_documents}: raise it, or set 0 for no eval set")
+                         f"{train_corpus.num_documents}: raise it, or set 0 for no eval set"
+                         + _single_documents(read_stats))
     canary_list: list = []
     if cfg.canaries.enabled:
         from data_pipelines import canaries  # noqa: PLC0415
@@ -323,6 +327,38 @@ def _build_instances(cfg: ml_collections.ConfigDict, tok: tokenization.WordPiece
         eval_instances = create_instances(
             eval_corpus, dataclasses.replace(params, dupe_factor=1, seed=cfg.seed + 1))
     return train, eval_instances, info, canary_list
+
+
+def _single_documents(read_stats: list) -> str:
+    """'; PATH: 1 document (no blank line between documents in N lines)' for each text file read
+    as one document (``corpora.ReadStats.single_document``), or ''."""
+    found = [s.single_document() for s in read_stats if hasattr(s, "single_document")]
+    found = [f for f in found if f]
+    if not found:
+        return ""
+    return ("; " + "; ".join(found) + " (a document is one record and one privacy unit: "
+            "put a blank line between documents)")
+
+
+def _no_training_document(cfg: ml_collections.ConfigDict, read_stats: list,
+                          note_counts: dict[str, int], held_out: int) -> str:
+    """Why the corpus left no training document: every document held out
+    (data.eval_fraction), no note of the configured categories (data.noteevents_categories),
+    or nothing usable read (the reader statistics)."""
+    where = "; ".join(s.summary() for s in read_stats) or "no reader statistics"
+    if held_out:
+        return (f"data.eval_fraction={cfg.eval_fraction} held out all {held_out} document(s) "
+                f"of the {cfg.corpus} corpus, leaving no training document (each document is "
+                "held out with that probability): lower data.eval_fraction, or use more "
+                "documents" + _single_documents(read_stats))
+    if (cfg.corpus == "noteevents" and cfg.noteevents_categories
+            and note_counts.get("notes") and not note_counts.get("in_categories")):
+        return (f"data.noteevents_categories={tuple(cfg.noteevents_categories)!r} matched none "
+                f"of the {note_counts['notes']} notes of {cfg.paths[0]} (CATEGORY values are "
+                "compared case-insensitively, surrounding spaces ignored): correct the "
+                "categories, or set data.noteevents_categories=() for every note")
+    return (f"the {cfg.corpus} corpus yielded no training document with text ({where})"
+            + _single_documents(read_stats))
 
 
 def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.PathLike,

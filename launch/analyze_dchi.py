@@ -48,6 +48,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     problem = (cli.check_input_path(_EMBEDDINGS.value, "--embeddings")
+               or cli.check_model_folder(_EMBEDDINGS.value, "--embeddings")
                or cli.check_input_path(_CORPUS.value, "--corpus")
                or cli.check_output_dir(_OUT.value, "--out", sources=[
                    (f"--embeddings={_EMBEDDINGS.value}", _EMBEDDINGS.value)]))

@@ -12,7 +12,10 @@ round-trips a HF BERT folder through dpbert (load into the Flax model, write it 
 beside it, then swapped in: no file of the old export survives, and a failure keeps the old one).
 --out is never the source, a folder inside --from_hf, one holding the source, the current
 directory or empty. A source without MLM/NSP heads (a BertModel such as MiniLM) gets them
-initialised at random, and the model card says so.
+initialised at random, and the model card says so. A fine-tuned task model
+(BertForSequenceClassification, BertForTokenClassification, ...: its config.json's
+`architectures`, or a trained head in its weights) is refused, since the export would drop
+its head and labels; so is a training workdir given as --from_hf (its model is WORKDIR/hf).
 """
 
 from absl import app, flags
@@ -40,6 +43,11 @@ def main(argv):
     problem = cli.check_input_path(source.value, f"--{source.name}")
     if problem:
         raise app.UsageError(problem)
+    if source is _FROM_HF:
+        problem = cli.check_model_folder(source.value, "--from_hf")
+        if problem:
+            cli.fail("export_hf", f"{problem}; to export one of its checkpoints, give "
+                                  f"--workdir={source.value}", cli.BAD_INPUT)
     if _STEP.value is not None and not _WORKDIR.present:
         raise app.UsageError("--step applies to --workdir exports only")
     # Checked before anything is loaded: a refusal costs no time and writes nothing. The export

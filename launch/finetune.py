@@ -40,7 +40,13 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:  # progress lines are printed; INFO would repeat them
         logging.set_verbosity(logging.WARNING)
     # Imported here so that --help is instant and XLA flags set by the caller apply.
+    from dpbert.runtime import checkpointing
     from dpbert.tasks import finetuning
+
+    task = _CONFIG.value.get("task")
+    problem = isinstance(task, str) and checkpointing.workdir_task_problem(_WORKDIR.value, task)
+    if problem:  # another task's workdir: one line, not a diff of every config field
+        cli.fail(NAME, problem)
 
     try:
         results = finetuning.run(_CONFIG.value, _WORKDIR.value)

@@ -35,9 +35,14 @@ def main(argv):
     if problem:
         cli.fail("train", problem, cli.BAD_INPUT)
     # Imported here so that --help is instant and XLA flags set by the caller apply.
+    from dpbert.runtime import checkpointing
     from dpbert.runtime import loop
     from dpbert.runtime import sharding
     from dpbert.tasks import pretraining
+
+    problem = checkpointing.workdir_task_problem(_WORKDIR.value, pretraining.TASK.name)
+    if problem:  # another task's workdir: one line, not a diff of every config field
+        cli.fail("train", problem, cli.BAD_INPUT)
 
     try:
         loop.validate(pretraining.TASK, _CONFIG.value)  # a bad value fails before any log line

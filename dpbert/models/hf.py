@@ -202,6 +202,9 @@ def read_bert_config_json(folder: str | os.PathLike) -> dict[str, Any]:
     config_file = folder / "config.json"
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: not a directory (expected a Hugging Face BERT folder)")
+    workdir = fileio.training_workdir_problem(folder)
+    if workdir:  # its config.json is the run's config, not a model's
+        raise CheckpointError(workdir)
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing; a Hugging Face BERT folder needs config.json")
     try:
@@ -251,6 +254,15 @@ def load_pretrained_with_fresh_keys(
 ) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig, list[str]]:
     """`load_pretrained`, and the HF keys that were not in the source and were initialised
     fresh (empty for a complete `BertForPreTraining` folder)."""
+    model, config, missing, _ = _load_pretrained(path, dtype=dtype, seed=seed)
+    return model, config, missing
+
+
+def _load_pretrained(path: str | os.PathLike, *, dtype: str = "float32", seed: int = 0
+                     ) -> tuple[model_lib.BertForPreTraining, model_lib.BertConfig, list[str],
+                                list[str]]:
+    """`load_pretrained_with_fresh_keys`, and the source keys that BertForPreTraining does not
+    have (ignored, with a warning)."""
     folder = pathlib.Path(path)
     hf_config, config = read_config(folder, dtype=dtype)
     weights = _find_weights(folder)
@@ -290,7 +302,7 @@ def load_pretrained_with_fresh_keys(
     if unexpected:
         logger.warning("%s: ignored keys that BertForPreTraining does not have: %s", weights,
                        ", ".join(sorted(unexpected)))
-    return model, config, missing
+    return model, config, missing, sorted(unexpected)
 
 
 def source_shape(path: tuple[str, ...], value: np.ndarray) -> tuple[int, ...]:
@@ -492,14 +504,31 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
                    overwrite: bool = False) -> pathlib.Path:
     """Round-trips a HF BERT folder through dpbert (load, then save; `overwrite` as for
     `save_pretrained`, checked before the source is loaded). The same weights carry the same
-    privacy: the source's privacy_report.json (if any) is the export's."""
+    privacy: the source's privacy_report.json (if any) is the export's.
+
+    Refused with a CheckpointError naming what would be lost: a task model (config.json's
+    `architectures` other than the pretraining classes, or a trained head such as
+    classifier.* in its weights), whose head and labels a BertForPreTraining export would
+    drop; and a training workdir (its model is WORKDIR/hf)."""
     src = pathlib.Path(src)
+    workdir = fileio.training_workdir_problem(src)
+    if workdir:  # its privacy_report.json and config.json are a run's, not a model's
+        raise CheckpointError(f"{workdir}; to export one of its checkpoints, give it as "
+                              "--workdir")
     # The source may be neither the destination, nor inside it (the swap would delete it), nor
     # hold it (the export would land inside the model it reads), whatever symlinks or relative
     # spellings name them.
     check_export_destination(dst, overwrite=overwrite, sources=[(f"folder {src}", src)])
+    hf_config = read_bert_config_json(src)
+    task = [a for a in hf_config.get("architectures") or [] if a not in _PRETRAINING_CLASSES]
+    heads = _head_keys(src)
+    if task or heads:  # before the weights are read: the refusal costs nothing
+        raise CheckpointError(_task_model_message(src, hf_config, task, heads))
     source_report = lineage.read_report(src)
-    model, _, missing = load_pretrained_with_fresh_keys(src)
+    model, _, missing, unexpected = _load_pretrained(src)
+    heads = [k for k in unexpected if not k.startswith(("bert.", "cls."))]
+    if heads:  # (weights that are not safetensors: seen only once loaded)
+        raise CheckpointError(_task_model_message(src, hf_config, [], heads))
     do_lower_case = True
     tok_cfg = src / "tokenizer_config.json"
     if tok_cfg.is_file():
@@ -514,6 +543,52 @@ def export_from_hf(src: str | os.PathLike, dst: str | os.PathLike, *,
     return save_pretrained(model, dst, vocab, do_lower_case=do_lower_case, source=str(src),
                            overwrite=overwrite, privacy_report=source_report,
                            card_sections=sections)
+
+
+# What export_from_hf writes (BertForPreTraining) keeps every weight of these: the encoder, the
+# pooler, the MLM and NSP heads. Other architectures (BertForSequenceClassification, ...) carry
+# a trained task head that the export would drop.
+_PRETRAINING_CLASSES = ("BertModel", "BertForPreTraining", "BertForMaskedLM", "BertLMHeadModel",
+                        "BertForNextSentencePrediction")
+
+
+def _head_keys(folder: pathlib.Path) -> list[str]:
+    """The weight names of `folder` outside the encoder and the pretraining heads (a task
+    head: classifier.*, qa_outputs.*), from a safetensors header (no tensor is read); [] when
+    the weights are not safetensors."""
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        return []
+    try:
+        from safetensors import safe_open
+        with safe_open(str(weights), framework="numpy") as f:
+            keys = list(f.keys())
+    except Exception:  # noqa: BLE001 - unreadable here: load_pretrained names the problem
+        return []
+    return sorted(k for k in keys if not k.startswith(("bert.", "cls."))
+                  and not k.endswith(_IGNORED_SOURCE_KEYS)
+                  and any(k.startswith("bert.") for k in keys))
+
+
+def _task_model_message(src: pathlib.Path, hf_config: Mapping[str, Any],
+                        architectures: Sequence[str], head_keys: Sequence[str]) -> str:
+    """Why `src` (a fine-tuned task model) is not exported as BertForPreTraining: what the
+    export would lose."""
+    labels = hf_config.get("id2label") or {}
+    shown = ", ".join(head_keys[:4]) + (f" and {len(head_keys) - 4} more"
+                                        if len(head_keys) > 4 else "")
+    if architectures:
+        what = (f"{src}/config.json names a {', '.join(architectures)} (a task model); this "
+                "export writes a BertForPreTraining, which would drop its trained task head"
+                + (f" ({shown})" if head_keys else ""))
+    else:
+        what = (f"{src}: its weights hold a trained head that BertForPreTraining does not "
+                f"have ({shown}); this export would drop it")
+    lost = (f" and its {len(labels)} labels (id2label)"
+            if isinstance(labels, dict) and labels else "")
+    return (f"{what}{lost}. Refusing: the folder is already a Hugging Face model (transformers "
+            "loads it as it is); to fine-tune or pretrain further from its encoder, give it to "
+            "a run as --config.model.init_from_hf")
 
 
 def fresh_heads_section(src: str | os.PathLike, missing: Sequence[str]) -> str:

@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from absl import logging
 
 from data_pipelines import fileio
+from dpbert.runtime import config_checks
 
 # The k of Qu et al.'s Fig. 3; the last entry stands for |V| (the farthest token).
 KNN_KS = (1, 2, 3, 4, 5, 10, 20, 50, 100, 200, 500, 1000, 5000, 10000, None)
@@ -51,6 +52,15 @@ def parse_etas(values: Sequence[str]) -> list[float]:
             raise AnalysisError(f"--eta: {v!r} is not a number") from None
         if not (math.isfinite(eta) and eta > 0):
             raise AnalysisError(f"--eta: {v!r} must be a finite number > 0")
+        if eta < config_checks.MIN_ETA:
+            # Training's bound (config.privacy.eta, config.dchi.eta): below it the noise (norm
+            # about d/η) overflows float32, and the "measured" results are inf and 0.
+            raise AnalysisError(
+                f"--eta: {v!r} is below {config_checks.MIN_ETA:g}, the smallest η training "
+                f"accepts. The dχ noise has a norm of about d/η (d = the embedding width), "
+                f"{1 / eta:.1e} x d here, which overflows float32 (mean|N| would be inf, the "
+                "inversion accuracy 0); already at η = 1 the noise (norm ≈ d) drowns every "
+                f"word embedding, so use η >= {config_checks.MIN_ETA:g} (Qu et al. use 50-175)")
         etas.append(eta)
     if not etas:
         raise AnalysisError("--eta: give at least one value")

@@ -87,8 +87,39 @@ def run_signature(config_dict: Mapping[str, Any],
                                  default=str))
 
 
+# The task of a config without a `task` field (the pretraining configs).
+DEFAULT_TASK = "pretraining"
+
+
+def task_mismatch(saved_task: str, current_task: str, where: str) -> str | None:
+    """`W holds a <saved> run, not <current>; use another --workdir`, or None if they agree."""
+    if saved_task == current_task:
+        return None
+    return f"{where} holds a {saved_task} run, not {current_task}; use another --workdir"
+
+
+def workdir_task_problem(workdir: str | os.PathLike, task: str) -> str | None:
+    """The `task_mismatch` line when `workdir`'s run.json names another task than `task`
+    (e.g. a fine-tuning workdir given to train.py), else None (no run.json yet, or one that
+    does not name a task: the checkpoint's own check decides)."""
+    run_file = pathlib.Path(workdir) / "run.json"
+    if "://" in str(workdir) or not run_file.is_file():
+        return None
+    try:
+        saved = json.loads(run_file.read_text(encoding="utf-8")).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return task_mismatch(saved, task, str(workdir)) if isinstance(saved, str) else None
+
+
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], where: str) -> None:
-    """Raises IncompatibleCheckpointError naming every field that differs."""
+    """Raises IncompatibleCheckpointError naming every field that differs; a checkpoint of
+    another task (a fine-tuning workdir resumed by pretraining, ...) in one line naming both
+    tasks instead of a diff of every field."""
+    mismatch = task_mismatch(saved.get("task") or DEFAULT_TASK,
+                             current.get("task") or DEFAULT_TASK, where)
+    if mismatch:
+        raise IncompatibleCheckpointError(mismatch)
     keys = sorted(set(saved) | set(current))
     diffs = [f"{k}: checkpoint={saved.get(k, '<absent>')!r} config={current.get(k, '<absent>')!r}"
              for k in keys if saved.get(k, "<absent>") != current.get(k, "<absent>")]

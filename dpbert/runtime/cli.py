@@ -11,8 +11,9 @@ clear line instead of a traceback or a page of help:
 * `--help` (and `-h`, `--helpshort`, `--helpfull`) print the help and exit 0 (absl exits 1);
 * a bad flag, a missing (or empty, or FIFO) `--config` file, one that fails to import or whose
   get_config raises or returns no ConfigDict (named with file and line), an unknown config
-  field (absl's "did you mean" hint kept), a bad `configs/x.py:ARG`, or an `app.UsageError`
-  raised by `main` print `NAME: error: ...` on one line and exit 2;
+  field (absl's "did you mean" hint kept), a config field given twice (`repeated_overrides`:
+  refused, not decided by the order of the flags), a bad `configs/x.py:ARG`, or an
+  `app.UsageError` raised by `main` print `NAME: error: ...` on one line and exit 2;
 * log lines of jax/orbax below WARNING are dropped (e.g. "Unable to initialize backend 'tpu':
   ... libtpu.so ..." on every CPU run);
 * a log line written while a tqdm progress bar is on screen clears the bar, prints the line, and
@@ -98,6 +99,9 @@ def parse_flags(argv: Sequence[str], name: str) -> list[str]:
         full = any(a.lstrip("-") == "helpfull" for a in args[1:])
         app.usage(shorthelp=not full, writeto_stdout=True, exitcode=0)
     _check_config_files(args, name)
+    repeated = repeated_overrides(args[1:], _config_flag_names())
+    if repeated:
+        fail(name, repeated)
     parsed, unset = _pop_none_overrides(args)
     try:
         with _no_returned_none_warning():
@@ -203,6 +207,69 @@ def _no_returned_none_warning():
         logger.removeFilter(drop)
         for h in handlers:
             h.removeFilter(drop)
+
+
+def _config_flag_names() -> tuple[str, ...]:
+    """Names of the defined config_flags flags (`--config`), whose fields `--config.X.Y`
+    override."""
+    return tuple(name for name, flag in flags.FLAGS._flags().items()  # noqa: SLF001
+                 if type(flag).__name__ == "_ConfigFlag")
+
+
+def _override(arg: str, following: str | None,
+              config_flags: Sequence[str]) -> tuple[str, str] | None:
+    """(dotted field with its flag, value as given) of a config override `arg`
+    (`--config.dp.delta=1e-5`, `--config.dp.delta 1e-5`, `--config.train.flag`,
+    `--noconfig.train.flag`; one or two leading dashes), or None for any other argument.
+    `following` is the next argument (the value of the spaced form)."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return None
+    key, eq, value = arg.lstrip("-").partition("=")
+    negated = False
+    if key.startswith("no") and key[2:].split(".", 1)[0] in config_flags and "." in key:
+        key, negated = key[2:], True
+    flag = key.split(".", 1)[0]
+    if flag not in config_flags or "." not in key:
+        return None
+    if negated:
+        return key, "False"
+    if eq:
+        return key, value
+    if following is not None and not following.startswith("-"):
+        return key, following
+    return key, "True"
+
+
+def repeated_overrides(args: Sequence[str], config_flags: Sequence[str] = ("config",)
+                       ) -> str | None:
+    """One line naming the first config field given twice in `args` (the command line without
+    the program name) and both values, or None when each field is given once.
+
+    A repeated field is refused rather than resolved: a command line whose earlier override
+    is silently replaced by a later one (e.g. a script that appends to a base command) runs
+    with a setting its author did not read, and a privacy setting (dp.target_epsilon,
+    dp.noise_multiplier) must never be decided by argument order. A field given with one of
+    its sections (`--config.data.canaries=None` and `--config.data.canaries.enabled=True`) is
+    the same conflict."""
+    seen: dict[str, tuple[str, str]] = {}
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        found = _override(arg, args[i + 1] if i + 1 < len(args) else None, config_flags)
+        if found is None:
+            continue
+        key, value = found
+        for other, (other_value, other_arg) in seen.items():
+            if other == key:
+                return (f"--{key} is given twice ({other_value!r}, then {value!r}); give each "
+                        "config field once (which one counts would depend on the order of "
+                        "the flags)")
+            if key.startswith(other + ".") or other.startswith(key + "."):
+                return (f"{other_arg} and {arg} set a config section and a field inside "
+                        "it; give each config field once (which one counts would depend on "
+                        "the order of the flags)")
+        seen[key] = (value, arg)
+    return None
 
 
 def _pop_none_overrides(args: list[str]) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
@@ -353,12 +420,15 @@ def check_output_path(path: str | None, flag: str, *, sources: Sequence[tuple[st
 # Config fields that name input files or folders (checked by `check_config_inputs`).
 CONFIG_INPUT_FIELDS = ("data.paths", "data.train", "data.eval", "vocab.file",
                        "model.init_from_hf", "data.canaries.file", "privacy.public_file")
+# Those that name a Hugging Face model folder (a training workdir there is refused by name).
+CONFIG_MODEL_FIELDS = ("model.init_from_hf",)
 
 
 def check_config_inputs(config, fields: Sequence[str] = CONFIG_INPUT_FIELDS) -> str | None:
     """`config.FIELD=PATH: why` for the first input path of `config` (the dotted `fields` it
-    has; a field may hold a list of paths) that is a FIFO, a socket or a device; None if there
-    is none. Missing files are left to the readers, which name them."""
+    has; a field may hold a list of paths) that is a FIFO, a socket or a device, or, for a
+    model folder (`CONFIG_MODEL_FIELDS`), a training workdir (`check_model_folder`); None if
+    there is none. Missing files are left to the readers, which name them."""
     for field in fields:
         node = config
         for part in field.split("."):
@@ -369,7 +439,19 @@ def check_config_inputs(config, fields: Sequence[str] = CONFIG_INPUT_FIELDS) -> 
                 problem = fileio.special_file_problem(path)
                 if problem:
                     return f"config.{field}={path}: {problem}"
+                if field in CONFIG_MODEL_FIELDS:
+                    problem = check_model_folder(path, f"config.{field}")
+                    if problem:
+                        return problem
     return None
+
+
+def check_model_folder(path: str | None, flag: str) -> str | None:
+    """`FLAG=PATH: PATH is a dpbert training workdir; its model is PATH/hf` when a training
+    workdir is given where a Hugging Face model folder is expected
+    (`fileio.training_workdir_problem`), else None (other problems: the model readers)."""
+    problem = fileio.training_workdir_problem(path)
+    return f"{flag}={path}: {problem}" if problem else None
 
 
 def check_input_path(path: str | None, flag: str) -> str | None:

@@ -272,3 +272,27 @@ def test_web_bible_recipe_statistics(shared_data, minilm_dir):
     unk = np.mean(b["input_ids"][b["input_mask"] > 0] == 100)
     assert unk < 0.001
     json.dumps(train.metadata)  # metadata is JSON-serializable (goes into reports)
+
+
+def test_no_training_document_names_the_setting_that_removed_them(tmp_path, notes_vocab):
+    """Issue 35: "the noteevents corpus yielded no training document with text (...)" when a
+    setting removed every document; and a text file of one document says why it is one."""
+    with pytest.raises(ValueError, match=r"^data\.eval_fraction=0\.99 held out all 3 "
+                                         r"document\(s\) of the synthetic corpus, leaving no "
+                                         r"training document"):
+        pretraining.build_datasets(config(synthetic_num_notes=3, eval_fraction=0.99),
+                                   notes_vocab)
+    path = tmp_path / "NOTEEVENTS.csv"
+    synthetic_notes.write_noteevents_csv(path, synthetic_notes.generate_synthetic(20, seed=4))
+    with pytest.raises(ValueError, match=re.escape(
+            "data.noteevents_categories=('Radiologyy',) matched none of the 20 notes of "
+            f"{path} (CATEGORY values are compared case-insensitively")):
+        pretraining.build_datasets(config(corpus="noteevents", paths=(str(path),),
+                                          noteevents_categories=("Radiologyy",)), notes_vocab)
+    one = tmp_path / "one.txt"
+    one.write_text("".join(f"Sentence number {i}.\n" for i in range(30)))
+    with pytest.raises(ValueError, match=re.escape(
+            f"held out no document of 1: raise it, or set 0 for no eval set; {one}: 1 document "
+            "(no blank line between documents in 30 lines)")):
+        pretraining.build_datasets(config(corpus="text", paths=(str(one),), eval_fraction=0.01),
+                                   notes_vocab)

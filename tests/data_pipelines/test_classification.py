@@ -219,3 +219,54 @@ def test_eval_file_that_is_the_training_file(tmp_path, tok, caplog):
     assert "3 of 4 evaluation rows (75.0 %)" in msg and "movie" not in msg
     assert clf.load_train_eval(train, write(tmp_path / "new.tsv", "pos\tfilm\nneg\ta\n"),
                                tok).eval_overlap == 0
+
+
+def test_numeric_labels_written_two_ways(tmp_path, tok):
+    """Issue 35: `1` and `1.0` became two classes silently."""
+    train = write(tmp_path / "train.tsv", "0\tbad movie\n1\tgood movie\n0\tbad film\n"
+                                          "1.0\tgood film\n")
+    eval_ = write(tmp_path / "eval.tsv", "0\tbad\n1.0\tgood\n")
+    with pytest.raises(clf.DataError, match=r"train\.tsv: numeric labels written two ways: lines "
+                                            r"2 and 4 hold the same number spelt differently "
+                                            r"\(1 character: digits; 3 characters: digits, "
+                                            r"punctuation\).* set data\.labels"):
+        clf.load_train_eval(train, eval_, tok)
+    # data.labels fixes it: a numeric label is matched by its value.
+    data = clf.load_train_eval(train, eval_, tok, labels=("0", "1"))
+    assert list(data.train["label"]) == [0, 1, 0, 1] and list(data.eval["label"]) == [0, 1]
+    with pytest.raises(clf.DataError, match="name one number twice"):
+        clf.load_train_eval(train, eval_, tok, labels=("0", "1", "1.0"))
+    # Training one way, evaluation the other: the unknown label says so.
+    one_way = write(tmp_path / "one_way.tsv", "0\tbad movie\n1\tgood movie\n")
+    with pytest.raises(clf.DataError, match=r"eval\.tsv:2:1: unknown label .*the number of a "
+                                            r"training label written another way"):
+        clf.load_train_eval(one_way, eval_, tok)
+
+
+def test_quoted_fields_and_a_label_in_the_last_column(tmp_path, caplog):
+    """Issue 35: CSV-style quoting kept silently; the GLUE/SST-2 layout (text<TAB>label) read
+    with the texts as labels ("unknown label (43 characters ...) ... (257 labels)")."""
+    import logging
+
+    quoted = write(tmp_path / "q.tsv", '"label"\t"sentence"\n"0"\t"bad film"\n"1"\t"good"\n')
+    with caplog.at_level(logging.WARNING):
+        rows = clf.read_tsv(quoted)
+        clf.read_tsv(quoted)   # said once per file
+    assert [r.label for r in rows] == ['"0"', '"1"']   # the header was recognised
+    said = [r.getMessage() for r in caplog.records if "double quotes" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{quoted}: every field of all 2 rows is "
+                                                 "wrapped in double quotes")
+    sst2 = write(tmp_path / "sst2.tsv", "sentence\tlabel\n" + SECRET + "\t0\n")
+    with pytest.raises(clf.DataError, match=r"sst2\.tsv:1: the header names column 2, the LAST "
+                                            r"one, 'label' .* expects the label in the FIRST "
+                                            r"column"):
+        clf.read_tsv(sst2)
+    rows = "".join(f"{SECRET} {i}\t{i % 2}\n" for i in range(24))
+    with pytest.raises(clf.DataError, match=r"headerless\.tsv: each of the 24 rows has a label "
+                                            r"of its own in column 1, and the last column takes "
+                                            r"only 2 value\(s\)") as e:
+        clf.read_tsv(write(tmp_path / "headerless.tsv", rows))
+    assert "xyzzy" not in str(e.value)
+    # A labelled file with as many rows of unique text (the usual case) is fine.
+    assert len(clf.read_tsv(write(tmp_path / "ok.tsv", "".join(
+        f"{i % 2}\t{SECRET} {i}\n" for i in range(24))))) == 24

@@ -365,3 +365,63 @@ def test_text_reader_refuses_noteevents_and_binary(tmp_path):
     nul = _write(tmp_path / "nul.txt", b"ok line\n" + b"a\x00b\n" * 5 + b"\nmore\n")
     with pytest.raises(corpora.CorpusError, match=r"starts at line 2, column 2: a NUL byte"):
         list(corpora.read_text_documents(nul))
+
+
+# --------------------------------------------------------------------------- issue 35, part 2
+
+
+def test_ids_outside_int64_are_malformed_rows_in_every_reader(tmp_path):
+    """A ROW_ID, SUBJECT_ID or HADM_ID >= 2^63 is a malformed row (counted, skipped, its
+    position named): it crashed the record-identity scan (ROW_ID: OverflowError) and
+    training's int64 arrays (SUBJECT_ID)."""
+    from data_pipelines import documents, identity
+
+    good = [_row(i, 100 + i, 1000 + i, f"note {i} text.") for i in range(1, 400)]
+    for column, bad in (("ROW_ID", _row(2**64 + 5, 7, 8, "x.")),
+                        ("SUBJECT_ID", _row(900, 2**63, 8, "x.")),
+                        ("HADM_ID", _row(901, 7, "0" * 30 + str(2**63), "x."))):
+        path = _write(tmp_path / f"{column}.csv", (HEADER + "\n" + "".join(good[:50]) + bad
+                                                    + "".join(good[50:])).encode())
+        stats = corpora.ReadStats()
+        notes = list(identity.unique_notes(str(path), stats))   # the vocabulary's reader
+        assert len(notes) == 399 and stats.skipped_malformed == 1
+        assert stats.first_bad() == (f"line 52: data row 51, {column} is too large "
+                                     f"({20 if column == 'ROW_ID' else 19} digits; ids must "
+                                     "be below 2^63)")
+        docs = list(documents.noteevents_documents(str(path)))   # training's reader
+        assert max(d.subject_id for d in docs) < 2**63 and len(docs) == 399
+    ok = _write(tmp_path / "max.csv", (HEADER + "\n" + _row(2**63 - 1, 0, "", "x.")).encode())
+    assert [n.row_id for n in corpora.read_noteevents(ok)] == [2**63 - 1]
+
+
+@pytest.mark.parametrize("header,match", [
+    (HEADER + ",TEXT", r"line 1: column TEXT appears twice \(fields 11 and 12\)"),
+    (HEADER.replace("CGID", "ROW_ID") + ",ROW_ID",
+     r"line 1: column ROW_ID appears 3 times \(fields 1, 9 and 12\)"),
+])
+def test_a_noteevents_column_named_twice_is_refused(tmp_path, header, match):
+    """`...,ISERROR,TEXT,TEXT`: the first TEXT column was read (it held CATEGORY)."""
+    path = _write(tmp_path / "n.csv", (header + "\n1,2,3,,,,Radiology,d,,,Radiology,secret\n")
+                  .encode())
+    with pytest.raises(corpora.CorpusError, match=r"n\.csv: " + match) as e:
+        list(corpora.read_noteevents(path))
+    assert "secret" not in str(e.value)
+
+
+def test_a_text_file_without_blank_lines_is_said_to_be_one_document(tmp_path, caplog):
+    path = tmp_path / "one.txt"
+    path.write_text("".join(f"Sentence {i}.\n" for i in range(40)))
+    stats = corpora.ReadStats()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):   # the record-identity check reads a corpus twice: said once
+            assert len(list(corpora.read_text_documents(path, stats))) == 1
+    said = [r.getMessage() for r in caplog.records if "1 document" in r.getMessage()]
+    assert said == [f"{path}: 1 document (no blank line between documents in 40 lines): a "
+                    "document is one record of the DP vocabulary and one privacy unit of "
+                    "training, so the whole file counts as ONE; put a blank line between "
+                    "documents"]
+    two = tmp_path / "two.txt"
+    two.write_text("a.\nb.\n\nc.\n")
+    with caplog.at_level(logging.WARNING):
+        list(corpora.read_text_documents(two))
+    assert not any(str(two) in r.getMessage() for r in caplog.records)

@@ -206,3 +206,32 @@ def test_document_overlap_counts_documents_with_the_same_words(docs):
                                        for s in docs[1].sentences))
     assert ner.document_overlap(docs[:4], [docs[0], retagged, docs[5]]) == 2
     assert ner.document_overlap(docs[:4], docs[4:]) == 0
+
+
+def test_a_file_without_docstart_is_said_to_be_one_document(tmp_path, caplog):
+    """Issue 35: no -DOCSTART- line made the whole file ONE document (one example, one privacy
+    unit) silently, and the run failed with "expected_batch_size=8 exceeds the 1 training
+    examples"; a lower-cased `-docstart- O` was read as a word tagged O."""
+    import logging
+
+    body = "fever B-problem\n. O\n\naspirin B-treatment\n. O\n\n"
+    plain = tmp_path / "plain.conll"
+    plain.write_text(body * 3)
+    with caplog.at_level(logging.WARNING):
+        (doc,) = ner.read_conll(plain)
+    assert len(doc.sentences) == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{plain}: no -DOCSTART- line, so the whole file (6 sentences) is ONE document: one "
+        "example and one privacy unit (a fine-tuning unit is a document); put a '-DOCSTART- O' "
+        "line before each document"]
+    with pytest.raises(DataError, match=r"plain\.conll: no -DOCSTART- line, .*; at least 2 "
+                                        r"documents are needed, 1 found"):
+        ner.read_conll(plain, min_documents=2)
+    lower = tmp_path / "lower.conll"
+    lower.write_text(("-docstart- O\n\n" + body) * 3)
+    docs = ner.read_conll(lower, min_documents=2)
+    assert len(docs) == 3 and all("-docstart-" not in s.words for d in docs for s in d.sentences)
+    assert docs[2].doc_id == "lower.conll#2"
+    with pytest.raises(ValueError, match="document separator"):
+        ner.write_conll(tmp_path / "w.conll", [ner.Document("d", (ner.Sentence(
+            ("-DocStart-",), ("O",)),))])

@@ -120,6 +120,12 @@ def test_bad_input_is_one_clear_error(fake_hf, tmp_path):
         lib.parse_etas(["50", "x"])
     with pytest.raises(lib.AnalysisError, match=r"--eta: '-3' must be"):
         lib.parse_etas(["-3"])
+    # Issue 35: --eta=1e-40 reported "mean|N| inf, inversion 0.0000" as measured results;
+    # training's bound (config_checks.MIN_ETA) applies.
+    with pytest.raises(lib.AnalysisError, match=r"--eta: '1e-40' is below 1e-06, the smallest "
+                                                r"η training accepts"):
+        lib.parse_etas(["50", "1e-40"])
+    assert lib.parse_etas(["1e-6"]) == [1e-6]
     with pytest.raises(lib.AnalysisError, match=r"--embeddings: .*not a directory"):
         lib.run_analysis(str(tmp_path / "nope"), [50.0], str(corpus), str(tmp_path / "o"))
     with pytest.raises(lib.AnalysisError, match="--samples_per_token must be >= 1"):

@@ -111,7 +111,10 @@ def test_train_launcher(tmp_path):
                      # None unsets a field (config_flags alone would parse it as a float)
                      "unset both": ["--config.dp.noise_multiplier=None",
                                     "--config.dp.target_epsilon=none"],
-                     "unset unknown": ["--config.dp.noise_multiplierr=None"]}.items():
+                     "unset unknown": ["--config.dp.noise_multiplierr=None"],
+                     # issue 35: a None override won whatever its position
+                     "twice": ["--config.dp.target_epsilon=None",
+                               "--config.dp.target_epsilon=1e-6"]}.items():
         res[key] = run_cli("train.py", demo, f"--workdir={tmp_path / 'w'}", *arg)
     for key in ("help", "helpfull"):
         assert res[key][0] == 0 and "--workdir" in res[key][1], res[key]
@@ -125,6 +128,8 @@ def test_train_launcher(tmp_path):
         "unset both": "train: config.dp.noise_multiplier=None: give a noise multiplier, or "
                       "dp.target_epsilon to calibrate one",
         "unset unknown": "train: error: --config.dp.noise_multiplierr: unknown config field",
+        "twice": "train: error: --config.dp.target_epsilon is given twice ('None', then "
+                 "'1e-6'); give each config field once",
         "ignored arg": "train: error: configs/demo_dp.py takes no config arg; got 'ARG'",
         "misspelt arg": "train: error: configs/mimic_dp.py: unknown config arg 'sise'; did you "
                         "mean 'size'?",
@@ -198,9 +203,13 @@ def test_export_and_analyze_launchers(tmp_path):
     ro = read_only_dir(tmp_path)
     src = tmp_path / "src"  # not a model: every case is refused before it is read
     src.mkdir()
+    work = tmp_path / "work"   # a training workdir (issue 35: given where a model is expected)
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "run.json").write_text("{}")
     cases = {
         "help": ["--help"],
         "no source": [f"--out={tmp_path / 'o'}"],
+        "workdir as model": [f"--from_hf={work}", f"--out={tmp_path / 'o'}"],
         "out file": [f"--from_hf={src}", f"--out={a_file}"],
         "out non-empty": [f"--from_hf={src}", f"--out={full}"],
         "overwrite non-model": [f"--from_hf={src}", f"--out={full}", "--overwrite"],
@@ -218,6 +227,8 @@ def test_export_and_analyze_launchers(tmp_path):
         "out ro": "read-only",
         "negative step": "flag --step=-1: -1 is not a non-negative integer",
         "not a workdir": "run.json: missing",
+        "workdir as model": f"--from_hf={work}: {work} is a dpbert training workdir; its model "
+                            f"is {work}/hf, which is not written yet",
     }
     for key, part in expect.items():
         assert part in one_error_line(res[key]), (key, res[key])
@@ -229,11 +240,16 @@ def test_export_and_analyze_launchers(tmp_path):
         "no corpus": ["--embeddings=x", f"--out={tmp_path / 'a'}"],
         "bad eta": [f"--embeddings={src}", "--corpus=y", "--eta=abc",
                     f"--out={tmp_path / 'a'}"],
+        "tiny eta": [f"--embeddings={src}", "--corpus=y", "--eta=1e-40",
+                     f"--out={tmp_path / 'a'}"],
+        "workdir as model": [f"--embeddings={work}", "--corpus=y", f"--out={tmp_path / 'a'}"],
     }
     res = dict(zip(cases, drive("analyze_dchi.py", "analyze_dchi", list(cases.values()))))
     assert res["help"][0] == 0 and "--vocab_sample" in res["help"][1]
     expect = {"out file": "is a file, not a folder", "no corpus": "Flag --corpus must have",
-              "bad eta": "--eta: 'abc' is not a number"}
+              "bad eta": "--eta: 'abc' is not a number",
+              "tiny eta": "--eta: '1e-40' is below 1e-06",
+              "workdir as model": f"--embeddings={work}: {work} is a dpbert training workdir"}
     for key, part in expect.items():
         assert part in one_error_line(res[key]), (key, res[key])
 

@@ -3,6 +3,7 @@
 import json
 import logging
 import os
+import re
 import pathlib
 import shutil
 import subprocess
@@ -430,3 +431,45 @@ def test_headless_export_card_names_the_fresh_heads(tmp_path):
     again = hf.export_from_hf(out, tmp_path / "again")
     assert "Freshly initialised" not in (again / "README.md").read_text()
     assert hf.fresh_heads(["bert.pooler.dense.weight"]) == ["the pooler (bert.pooler.*)"]
+
+
+def test_a_fine_tuned_classifier_or_a_workdir_is_not_exported_as_pretraining(hf_folder,
+                                                                             tmp_path):
+    """Issue 35: `--from_hf=A_FINE_TUNED_CLASSIFIER` wrote a BertForPreTraining without the
+    trained classifier.* and id2label (only a log line said so); `--from_hf=WORKDIR` said
+    `WORKDIR/privacy_report.json: not a dpbert privacy report`. Both are refused by name,
+    before anything is written."""
+    # A BertForSequenceClassification folder: the encoder and pooler, a classifier, 3 labels.
+    shutil.copytree(hf_folder[0], tmp_path / "clf")
+    weights = tmp_path / "clf" / "model.safetensors"
+    tensors = {k: v for k, v in load_file(weights).items() if not k.startswith("cls.")}
+    tensors["classifier.weight"] = np.zeros((3, 128), np.float32)
+    tensors["classifier.bias"] = np.zeros(3, np.float32)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    cfg = json.loads((tmp_path / "clf" / "config.json").read_text())
+    cfg.update(architectures=["BertForSequenceClassification"],
+               id2label={"0": "a", "1": "b", "2": "c"}, label2id={"a": 0, "b": 1, "c": 2})
+    (tmp_path / "clf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(hf.CheckpointError, match=(
+            r"clf/config\.json names a BertForSequenceClassification \(a task model\); this "
+            r"export writes a BertForPreTraining, which would drop its trained task head "
+            r"\(classifier\.bias, classifier\.weight\) and its 3 labels \(id2label\)")):
+        hf.export_from_hf(tmp_path / "clf", tmp_path / "out")
+    # The same weights under a config.json that does not say so: the weights tell.
+    cfg["architectures"] = ["BertForPreTraining"]
+    (tmp_path / "clf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(hf.CheckpointError, match=r"clf: its weights hold a trained head that "
+                                                 r"BertForPreTraining does not have "
+                                                 r"\(classifier\.bias, classifier\.weight\); "
+                                                 r"this export would drop it and its 3 labels"):
+        hf.export_from_hf(tmp_path / "clf", tmp_path / "out")
+    work = tmp_path / "work"
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "run.json").write_text("{}")
+    (work / "config.json").write_text('{"dp": {}}')
+    message = f"{work} is a dpbert training workdir; its model is {work}/hf"
+    with pytest.raises(hf.CheckpointError, match=re.escape(message)):
+        hf.export_from_hf(work, tmp_path / "out")
+    with pytest.raises(hf.CheckpointError, match=re.escape(message)):
+        hf.read_bert_config_json(work)   # finetune, analyze_dchi, load_pretrained
+    assert not (tmp_path / "out").exists()

@@ -149,3 +149,53 @@ def test_fifos_and_empty_inputs_are_named(tmp_path):
     assert cli.check_config_inputs(config) is None
     config.data.eval = str(fifo)
     assert cli.check_config_inputs(config).startswith(f"config.data.eval={fifo}: is a named pipe")
+
+
+def test_a_config_field_given_twice_is_refused_naming_both_values():
+    """Issue 35: `--config.dp.target_epsilon=None ... --config.dp.target_epsilon=1e-6` ran with
+    no target (None overrides were applied after every other flag). A field given twice is
+    refused whatever the order or the spelling."""
+    twice = ("--config.dp.target_epsilon is given twice ({!r}, then {!r}); give each config "
+             "field once (which one counts would depend on the order of the flags)")
+    for args, values in (
+            (["--config.dp.target_epsilon=None", "--config.dp.target_epsilon=1e-6"],
+             ("None", "1e-6")),
+            (["--config.dp.target_epsilon=1e-6", "--workdir=w", "--config.dp.target_epsilon",
+              "none"], ("1e-6", "none")),
+            (["-config.dp.target_epsilon=3", "--config.dp.target_epsilon=3"], ("3", "3"))):
+        assert cli.repeated_overrides(args) == twice.format(*values), args
+    assert cli.repeated_overrides(
+        ["--config.train.flag", "--noconfig.train.flag"]).startswith(
+        "--config.train.flag is given twice ('True', then 'False')")
+    assert cli.repeated_overrides(
+        ["--config.data.canaries=None", "--config.data.canaries.enabled=True"]) == (
+        "--config.data.canaries=None and --config.data.canaries.enabled=True set a config "
+        "section and a field inside it; give each config field once (which one counts would "
+        "depend on the order of the flags)")
+    for fine in (["--config.dp.noise_multiplier=None", "--config.dp.target_epsilon=3",
+                  "--config=configs/demo_dp.py", "--workdir=a", "--workdir=b"],
+                 ["--config.dp.delta=1", "--", "--config.dp.delta=2"],
+                 ["--other.dp.delta=1", "--other.dp.delta=2"]):
+        assert cli.repeated_overrides(fine) is None, fine
+
+
+def test_a_training_workdir_given_as_a_model_folder_is_named(tmp_path):
+    """Issue 35: `--config.model.init_from_hf=W` (and export_hf --from_hf, analyze_dchi
+    --embeddings) said `W/privacy_report.json: not a dpbert privacy report` or `key
+    'model_type' is None`."""
+    w = tmp_path / "w"
+    (w / "checkpoints").mkdir(parents=True)
+    (w / "config.json").write_text("{}")
+    assert cli.check_model_folder(str(w), "--from_hf") == (
+        f"--from_hf={w}: {w} is a dpbert training workdir; its model is {w}/hf, which is not "
+        f"written yet (a run writes it when it ends; or export a checkpoint: python "
+        f"launch/export_hf.py --workdir={w} --out=DIR)")
+    (w / "hf").mkdir()
+    (w / "hf" / "config.json").write_text("{}")
+    from configs import finetune_classification
+    config = finetune_classification.get_config()
+    config.model.init_from_hf = str(w)
+    assert cli.check_config_inputs(config) == (
+        f"config.model.init_from_hf={w}: {w} is a dpbert training workdir; its model is {w}/hf")
+    config.model.init_from_hf = str(w / "hf")
+    assert cli.check_config_inputs(config) is None
