@@ -41,6 +41,7 @@ import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import dp_accounting
+from dp_accounting import mechanism_calibration
 from dp_accounting.pld import pld_pmf
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -164,10 +165,20 @@ def _rdp_sigma(spec: AccountingSpec, steps: int, target_epsilon: float, tol: flo
     """RDP calibration of the effective sigma of plain Poisson sampling
     (`dp_accounting.calibrate_dp_mechanism`, ~0.01 s per evaluation)."""
     q = spec.q
-    return float(dp_accounting.calibrate_dp_mechanism(
-        rdp_privacy_accountant.RdpAccountant,
-        lambda s: make_dp_event(s, q, steps), target_epsilon, spec.delta,
-        bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol))
+    try:
+        return float(dp_accounting.calibrate_dp_mechanism(
+            rdp_privacy_accountant.RdpAccountant,
+            lambda s: make_dp_event(s, q, steps), target_epsilon, spec.delta,
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol))
+    except mechanism_calibration.NoBracketIntervalFoundError:
+        # dp_accounting searches sigma >= 1e-3 and found none large enough to go below the
+        # target: the target is so large that no noise multiplier the accountant handles is
+        # small enough to spend it.
+        raise ValueError(
+            f"target_epsilon={target_epsilon:g}: no noise multiplier the accountant handles "
+            f"(>= 1e-3) spends that much in {steps} steps; such an epsilon means no meaningful "
+            "privacy. Give a smaller target epsilon (config.dp.target_epsilon, "
+            "--target_epsilon) or a noise multiplier directly") from None
 
 
 class RdpAccountant(Accountant):

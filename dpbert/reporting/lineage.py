@@ -34,6 +34,7 @@ import json
 import pathlib
 from typing import Any, Mapping
 
+from data_pipelines import fileio
 from dpbert.errors import ConfigError
 
 RELATIONS = ("same", "disjoint", "public")
@@ -142,6 +143,9 @@ def load(init_from_hf: str, relation: str, *, privacy_unit: str, dp_enabled: boo
                           "data)")
     if not init_from_hf:
         return None
+    problem = fileio.training_workdir_problem(init_from_hf)
+    if problem:  # its privacy_report.json is the run's private one, not an export's
+        raise ConfigError(f"config.model.init_from_hf={init_from_hf}: {problem}")
     folder = pathlib.Path(init_from_hf)
     base = read_report(folder)
     if base is None:

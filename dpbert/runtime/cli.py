@@ -352,10 +352,20 @@ def _unknown_field_message(e: BaseException, args: Sequence[str]) -> str:
             + " (fields: see the config file and configs/common.py)")
 
 
+# dp_accounting's RDP accountant warns of numerical trouble at extreme orders while dpbert's
+# calibration and budget searches probe far-off noise multipliers (dozens per run, even with
+# the PLD accountant, whose searches start from an RDP estimate); every number dpbert reports
+# is re-checked with a fresh accountant, so these are noise on the console.
+_RDP_PROBE_WARNINGS = ("rdp_privacy_accountant.py",)
+
+
 class _QuietLibraries(std_logging.Filter):
-    """Drops INFO/DEBUG records from jax/orbax/flax (kept: WARNING and above)."""
+    """Drops INFO/DEBUG records from jax/orbax/flax (kept: WARNING and above), and the RDP
+    accountant's probe warnings below ERROR."""
 
     def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.pathname.endswith(_RDP_PROBE_WARNINGS) and record.levelno < std_logging.ERROR:
+            return False
         if record.levelno >= std_logging.WARNING:
             return True
         if record.name.split(".")[0] in _NOISY_LOGGERS:

@@ -31,3 +31,13 @@ def test_the_sqrt_p_rule_is_shared():
     assert noise_modes.shard_factor("per_shard", 16) == 4.0
     assert noise_modes.effective_noise_multiplier(0.5, "per_shard", 16) == 2.0
     assert noise_modes.noise_stddev(0.1, 0.5, "per_shard", 16) == 0.5 * 0.1 * 4.0
+
+
+def test_a_target_no_noise_multiplier_reaches_is_one_clear_error():
+    """dp_accounting's search for sigma starts at 1e-3; a target it cannot bracket (1e9) was a
+    NoBracketIntervalFoundError traceback from the launchers."""
+    from dpbert.dp import calibration
+
+    with pytest.raises(ValueError, match="target_epsilon=1e\\+09: no noise multiplier"):
+        calibration.calibrate_noise_multiplier(target_epsilon=1e9, expected_batch_size=10,
+                                               num_examples=1000, steps=100, delta=1e-5)

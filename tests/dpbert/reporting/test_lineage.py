@@ -198,6 +198,12 @@ def test_refusals(tmp_path):
     elsewhere.mkdir()
     (elsewhere / "config.json").write_text("{}")
     assert load(elsewhere) is None
+    # A training workdir holds the run's PRIVATE report: its model is W/hf.
+    workdir = tmp_path / "w"
+    (workdir / "checkpoints").mkdir(parents=True)
+    (workdir / "run.json").write_text("{}")
+    with pytest.raises(ConfigError, match="training workdir; its model is"):
+        load(workdir)
     (folder / lineage.REPORT_FILE).write_text("{not json")
     with pytest.raises(ConfigError, match="not a readable privacy report"):
         load(folder)
