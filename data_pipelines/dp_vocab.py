@@ -418,9 +418,12 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
     _check_sizes(vocab_size, num_unused)
     if accounting not in ACCOUNTING_MODES:
         raise VocabError(f"accounting must be one of {ACCOUNTING_MODES}, got {accounting!r}")
-    if unit not in UNITS or (unit == privacy_units.PATIENT_RECORD and fmt != "noteevents"):
-        raise VocabError(f"unit={unit!r} must be one of {UNITS} ('patient' needs "
-                         f"format='noteevents', got {fmt!r})")
+    if unit not in UNITS:
+        raise VocabError(f"unit={unit!r} must be one of {UNITS}")
+    if unit == privacy_units.PATIENT_RECORD and fmt != "noteevents":
+        raise VocabError(f"unit='patient' groups notes by SUBJECT_ID, which only "
+                         f"format='noteevents' has (got format={fmt!r}); a document of a "
+                         f"{fmt} corpus is its own record: use unit='document'")
     if duplicate_ids not in identity.RULES:
         raise VocabError(f"duplicate_ids must be one of {identity.RULES}, got "
                          f"{duplicate_ids!r}")

@@ -323,16 +323,19 @@ def cli_answer(command: str, flags: Mapping[str, Any]) -> tuple[dict[str, Any], 
         if missing:
             raise ValueError(f"missing required flag(s): {', '.join(missing)}")
 
-    require("num_examples", "batch_size", "steps", "delta")
+    own, other = (("noise_multiplier", "target_epsilon") if command == "epsilon"
+                  else ("target_epsilon", "noise_multiplier"))
+    # Every missing flag in one message; a flag of the other command is refused, not ignored.
+    require("num_examples", "batch_size", "steps", "delta", own)
+    if flags.get(other) is not None:
+        raise ValueError(f"--{other} does not apply to the {command} command (it uses --{own})")
     common = dict(expected_batch_size=flags["batch_size"], num_examples=flags["num_examples"],
                   delta=flags["delta"], sampling=flags["sampling"],
                   noise_mode=flags["noise_mode"], num_shards=flags["num_shards"],
                   max_batch_size=flags["max_batch_size"], accountant=flags["accountant"])
     if command == "epsilon":
-        require("noise_multiplier")
         sigma = flags["noise_multiplier"]
     else:
-        require("target_epsilon")
         sigma = calibration.calibrate_noise_multiplier(
             target_epsilon=flags["target_epsilon"], steps=flags["steps"], **common)
     # The report states the epsilon of the calibrated sigma, recomputed.

@@ -481,3 +481,10 @@ def test_small_dp_vocab_warns_with_numbers(synthetic_corpus, tmp_path):
     assert f"only {learned} learned tokens for {slots} slots" in warning
     assert "of the 600 examples use it" in warning
     assert json.loads(res.privacy_path.read_text())["warnings"] == [warning]
+
+
+def test_a_patient_vocabulary_of_a_text_corpus_says_why_it_cannot_be(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("a b c\n\nd e f\n")
+    with pytest.raises(dp_vocab.VocabError, match="only format='noteevents' has.*unit='document'"):
+        dp_vocab.build_vocab(corpus, "text", 2000, 8.0, 1e-6, 64, tmp_path / "v", unit="patient")

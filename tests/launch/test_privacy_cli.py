@@ -75,6 +75,9 @@ def test_calibrate_json_round_trip():
     (["--noise_multiplier=1", "--delta=1e-6", "--batch_size=9000"], "sampling probability"),
     (["--noise_multiplier=-1", "--delta=1e-6"], "noise_multiplier"),
     (["--delta=1e-6"], "--noise_multiplier"),
+    # A flag of the other command is refused, not ignored.
+    (["--noise_multiplier=1", "--delta=1e-6", "--target_epsilon=5"],
+     "--target_epsilon does not apply to the epsilon command"),
 ])
 def test_errors_are_one_clear_line(args, match):
     base = {"--num_examples": "5000", "--batch_size": "500", "--steps": "10"}
@@ -85,3 +88,10 @@ def test_errors_are_one_clear_line(args, match):
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and match in lines[0], out.stderr
+
+
+def test_every_missing_flag_is_named_at_once():
+    out = _cli("calibrate")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == ("privacy.py: error: missing required flag(s): --num_examples, "
+                                  "--batch_size, --steps, --delta, --target_epsilon")
