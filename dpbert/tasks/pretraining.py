@@ -29,7 +29,7 @@ from flax import nnx
 from data_pipelines import fileio, identity, tokenization
 from dpbert.privacy import dchi
 from dpbert.models import hf
-from dpbert.runtime import loop
+from dpbert.runtime import hosts, loop
 from dpbert.models import losses
 from dpbert.runtime import metrics as metrics_lib
 from dpbert.models import bert as model_lib
@@ -109,7 +109,7 @@ class PretrainingTask:
         unit = config.dp.privacy_unit
         train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file, unit)
         canary_file = train_ds.metadata.get("canary_file")
-        if canary_file and loop.is_primary():  # kept with the run, for launch/exposure.py
+        if canary_file and hosts.is_primary():  # kept with the run, for launch/exposure.py
             fileio.atomic_write_text(workdir / "canaries.json",
                                      pathlib.Path(canary_file).read_text())
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
@@ -233,13 +233,13 @@ def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
 
         path = workdir / "data" / (f"synthetic_notes_{data.synthetic_num_notes}_"
                                    f"{data.synthetic_seed}.csv.gz")
-        if not path.exists() and loop.is_primary():
+        if not path.exists() and hosts.is_primary():
             path.parent.mkdir(parents=True, exist_ok=True)
             with fileio.atomic_path(path) as tmp:
                 synthetic_notes.write_noteevents_csv(
                     tmp, synthetic_notes.generate_synthetic(data.synthetic_num_notes,
                                                             seed=data.synthetic_seed))
-        loop.sync("synthetic corpus")
+        hosts.sync("synthetic corpus")
         data.corpus = "noteevents"
         data.paths = (str(path),)
     if not data.cache_dir:
@@ -259,13 +259,13 @@ def keep_vocab_in_workdir(vocab_file: str, workdir: pathlib.Path) -> str:
             raise ConfigError(f"{source}: differs from the vocabulary this run started with "
                               f"({kept}); use the same vocabulary or a fresh --workdir")
         return str(kept)
-    if loop.is_primary():
+    if hosts.is_primary():
         kept.parent.mkdir(parents=True, exist_ok=True)
         report = source.parent / hf.VOCAB_REPORT
         if report.is_file():
             fileio.atomic_write_text(kept.parent / hf.VOCAB_REPORT, report.read_text())
         fileio.atomic_write_text(kept, source.read_text(encoding="utf-8"))
-    loop.sync("vocabulary copy")
+    hosts.sync("vocabulary copy")
     return str(kept)
 
 
@@ -301,7 +301,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
         if len(data.paths) != 1:
             raise ConfigError(f"config.data.paths={tuple(data.paths)!r}: building the vocabulary "
                               "here needs exactly one corpus file; use launch/build_vocab.py")
-        if loop.is_primary():
+        if hosts.is_primary():
             from data_pipelines import dp_vocab  # noqa: PLC0415
 
             v = config.vocab
@@ -317,7 +317,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 unit=("patient" if config.dp.privacy_unit == "patient"
                       and data.corpus == "noteevents" else "document"),
                 duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
-        loop.sync("vocabulary")
+        hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 
 
