@@ -49,7 +49,7 @@ class Evaluator:
             batch = sharding.make_global_batch(local, self.mesh, size)
             m = sharding.make_global_batch({"m": mask[rows]}, self.mesh, size)["m"]
             outputs.append(jax.device_get(self.fn(params, batch, m, self.operand, i)))
-        return {f"eval/{k}": v for k, v in self.task.eval_metrics(outputs).items()}
+        return {f"eval/{k}": v for k, v in self.task.eval_metrics(outputs, self.data).items()}
 
 
 def summary_line(step: int, report: dict, initial: dict, final: dict, by_budget: bool) -> str:

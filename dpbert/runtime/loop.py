@@ -112,7 +112,11 @@ class BatchTransform:
 
 
 class Task(Protocol):
-    """One kind of training run on this loop (see `dpbert.tasks.pretraining`)."""
+    """One kind of training run on this loop (see `dpbert.tasks.pretraining`).
+
+    A task object holds no run state (one object serves every run, `dpbert.tasks.get_task`):
+    what `prepare` made for a run is its `TaskData` (`extra` for the task's own things), which
+    the loop hands back to the methods that need it."""
 
     name: str
 
@@ -122,10 +126,13 @@ class Task(Protocol):
                 task_key: np.ndarray) -> TaskData: ...  # task_key: secret uint32[2]
     def build_model(self, config, data: TaskData) -> nnx.Module: ...
     def trainable(self, config) -> Any: ...  # a dpbert.dp.trees.TrainableFilter
-    def loss(self, graphdef, config, shape: str) -> Callable: ...  # clipping.LOSS_SHAPES
+    def loss(self, graphdef, config, shape: str,
+             data: TaskData) -> Callable: ...  # shape: clipping.LOSS_SHAPES
     def batch_transform(self, config, model, data: TaskData) -> BatchTransform | None: ...
-    def eval_step(self, graphdef, config) -> Callable: ...  # (params, batch, mask) -> pytree
-    def eval_metrics(self, outputs: list) -> dict[str, float]: ...  # host, from eval_step's
+    def eval_step(self, graphdef, config,
+                  data: TaskData) -> Callable: ...  # (params, batch, mask) -> pytree
+    def eval_metrics(self, outputs: list,
+                     data: TaskData) -> dict[str, float]: ...  # host, from eval_step's
     def train_metrics(self, sums: dict) -> dict[str, float]: ...  # host, batch totals
     def run_info(self, config, model, data: TaskData) -> dict: ...  # into run.json
     def export(self, params, run: dict, workdir: pathlib.Path, out: pathlib.Path,
@@ -262,7 +269,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     param_sh = sharding.pure_param_shardings(model, mesh)
     # A replicated parameter's noise is added to each device's slice of the reduced sum and
     # all-gathered (sharding.noise_layouts); sharded parameters get theirs in their own layout.
-    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape), optimizer,
+    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape, data), optimizer,
                                 trainable=trainable,
                                 noise_layouts=sharding.noise_layouts(param_sh, params))
     rep = sharding.replicated(mesh)
@@ -328,7 +335,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     compiled = jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)).lower(
         checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand).compile()
     _log_memory("train step", compiled, time.time() - t0)
-    eval_step = task.eval_step(graphdef, config)
+    eval_step = task.eval_step(graphdef, config, data)
 
     def eval_fn(params, batch, mask, operand, index):
         if transform is not None:

@@ -129,7 +129,7 @@ class PretrainingTask:
         return (trees.freeze_paths_containing("word_embeddings")
                 if config.dchi.mechanism != "none" else None)
 
-    def loss(self, graphdef, config, shape: str):
+    def loss(self, graphdef, config, shape: str, data: loop.TaskData):
         frozen = config.dchi.mechanism != "none"
         kw = dict(deterministic=False, mlm_target=config.mlm_target,
                   frozen_word_embedding=frozen)
@@ -166,7 +166,7 @@ class PretrainingTask:
 
     # ---------------------------------------------------------------------------- eval
 
-    def eval_step(self, graphdef, config):
+    def eval_step(self, graphdef, config, data: loop.TaskData):
         loss_fn = losses.make_pretraining_loss(graphdef, deterministic=True,
                                                mlm_target=config.mlm_target)
 
@@ -178,7 +178,7 @@ class PretrainingTask:
 
         return step
 
-    def eval_metrics(self, outputs: list) -> dict[str, float]:
+    def eval_metrics(self, outputs: list, data: loop.TaskData) -> dict[str, float]:
         return metrics_lib.summarize(jax.tree.map(lambda *x: sum(x), *outputs))
 
     def train_metrics(self, sums: dict) -> dict[str, float]:
