@@ -79,7 +79,7 @@ class PretrainingTask:
               f"must be one of {losses.mlm_target_names()}")
         _need(config, config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
               f"must be one of {dchi.MECHANISMS}")
-        _need(config, config.dchi.eta > 0, "dchi.eta", "must be > 0")
+        # dchi.eta: `dpbert.runtime.config_checks` (one check of η for every task).
         _need(config, config.dchi.mechanism == "none" or config.dp.privacy_unit == "example",
               "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
