@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 from absl import logging
+from jax.experimental import multihost_utils
 
 from data_pipelines import fileio
 
@@ -23,7 +24,6 @@ def is_primary() -> bool:
 def sync(what: str) -> None:
     """All processes wait for process 0 (which wrote `what` to the shared workdir)."""
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # noqa: PLC0415  (multi-host runs only)
         multihost_utils.sync_global_devices(f"dpbert:{what}")
 
 

@@ -26,7 +26,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from data_pipelines import fileio, identity, tokenization
+from data_pipelines import dp_vocab, fileio, identity, synthetic_notes, tokenization
+from data_pipelines import pretraining as pretraining_data
 from dpbert.privacy import dchi
 from dpbert.models import hf
 from dpbert.runtime import hosts, loop
@@ -84,8 +85,6 @@ class PretrainingTask:
               "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
         if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
-            from data_pipelines import dp_vocab  # noqa: PLC0415
-
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
             _need(config, config.vocab.size >= floor, "vocab.size",
                   f"must be >= {floor} (the special tokens and the public alphabet)")
@@ -101,13 +100,11 @@ class PretrainingTask:
     # ---------------------------------------------------------------------------- data
 
     def prepare(self, config, workdir: pathlib.Path, task_key) -> loop.TaskData:
-        from data_pipelines import pretraining  # noqa: PLC0415
-
         data_config = prepare_corpus(config, workdir)
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         unit = config.dp.privacy_unit
-        train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file, unit)
+        train_ds, eval_ds = pretraining_data.build_datasets(data_config, vocab_file, unit)
         canary_file = train_ds.metadata.get("canary_file")
         if canary_file and hosts.is_primary():  # kept with the run, for launch/exposure.py
             fileio.atomic_write_text(workdir / "canaries.json",
@@ -229,8 +226,6 @@ def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
     NOTEEVENTS-schema CSV, so the demo exercises the same reader as real MIMIC-III notes."""
     data = ml_collections.ConfigDict(config.data.to_dict())
     if data.corpus == "synthetic":
-        from data_pipelines import synthetic_notes  # noqa: PLC0415
-
         path = workdir / "data" / (f"synthetic_notes_{data.synthetic_num_notes}_"
                                    f"{data.synthetic_seed}.csv.gz")
         if not path.exists() and hosts.is_primary():
@@ -302,8 +297,6 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
             raise ConfigError(f"config.data.paths={tuple(data.paths)!r}: building the vocabulary "
                               "here needs exactly one corpus file; use launch/build_vocab.py")
         if hosts.is_primary():
-            from data_pipelines import dp_vocab  # noqa: PLC0415
-
             v = config.vocab
             print(f"building the {'DP' if v.dp else 'non-private'} WordPiece vocabulary (size "
                   f"{v.size}) from {data.paths[0]} ...", flush=True)
