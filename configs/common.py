@@ -126,18 +126,15 @@ def get_config() -> ml_collections.ConfigDict:
     # Eq. 5), "prob" (soft target over dchi.prob_samples privatized draws, Eq. 6) or
     # "denoising" (predict the original token, Eq. 7). Without dχ all three are plain BERT MLM.
     c.mlm_target = "vanilla"
-    c.dchi = ml_collections.ConfigDict()
+    # dχ's η and its search knob: `dchi_section` (shared with fine-tuning's `privacy`).
+    c.dchi = dchi_section(eta=100.0)
     # dχ privatization of every input token on the fly, on the training devices: "none",
     # "text_to_text" (nearest vocabulary token to the noisy embedding) or "token_rep" (the noisy
     # embedding itself). Any mechanism but "none" freezes the word embedding (it is the
     # user-side φ).
     c.dchi.mechanism = "none"
-    # η: larger = less noise (noise norm ~ Gamma(n, 1/η), mean n/η for embedding width n).
-    c.dchi.eta = 100.0
     # K privatized draws per masked position for the "prob" target (paper: 10).
     c.dchi.prob_samples = 10
-    # Vocabulary rows per nearest-neighbour matmul chunk (memory knob).
-    c.dchi.chunk_size = 4096
 
     # ------------------------------------------------------------------------------------- dp
     c.dp = ml_collections.ConfigDict()
@@ -255,6 +252,20 @@ def get_config() -> ml_collections.ConfigDict:
     # state over "fsdp". -1 = the devices that remain.
     c.mesh.data = -1
     c.mesh.fsdp = 1
+    return c
+
+
+def dchi_section(*, eta: float) -> ml_collections.ConfigDict:
+    """dχ's fields that pretraining (`dchi`: privatization inside the train step) and
+    fine-tuning (`privacy`: the users' release before training) share; each stage adds the
+    field that turns it on (`dchi.mechanism`, `privacy.mode`) and its own knobs. η is checked
+    once for both (`dpbert.runtime.config_checks`) when that field is not "none"."""
+    c = ml_collections.ConfigDict()
+    # η of dχ-privacy: larger = less noise (noise norm ~ Gamma(n, 1/η), mean n/η for embedding
+    # width n); a finite number >= 1e-6. Ignored when the mechanism / mode is "none".
+    c.eta = eta
+    # Vocabulary rows per step of the exact nearest-token search (text_to_text; memory knob).
+    c.chunk_size = 4096
     return c
 
 
@@ -387,27 +398,24 @@ def finetune_config() -> ml_collections.ConfigDict:
     # Input privacy (Qu et al. 2021): what the users release instead of their text, once,
     # before training (dpbert.tasks.finetuning's input modes). The service trains and evaluates
     # on the released train and eval splits only.
-    c.privacy = ml_collections.ConfigDict()
+    # dχ's η and its search knob: `dchi_section` (shared with pretraining's `dchi`). For MiniLM
+    # (n = 384) the text_to_text inversion accuracy on RT is about 0.05 / 0.25 / 0.5 / 0.87 /
+    # 0.97 at η = 40 / 60 / 75 / 100 / 120.
+    c.privacy = dchi_section(eta=75.0)
     # none (raw text) | token_rep (a noisy embedding per token; the word embeddings are frozen)
     # | text_to_text (the nearest vocabulary token to it) | seq_rep (a noisy sentence vector
     # from the frozen encoder; the head alone trains; classification only) | ome (randomized
     # bits of the frozen encoder's sentence vector, below; classification only) | texthide
     # (mixed and sign-masked sentence representations in training, below).
     c.privacy.mode = "none"
-    # η of dχ-privacy (larger = less noise; noise norm ~ Gamma(n, 1/η), mean n/η for embedding
-    # width n). For MiniLM (n = 384) the text_to_text inversion accuracy on RT is about
-    # 0.05 / 0.25 / 0.5 / 0.87 / 0.97 at η = 40 / 60 / 75 / 100 / 120. Ignored for mode none.
-    c.privacy.eta = 75.0
     # Re-privatize the training split every epoch: E epochs then cost E·η by composition (the
     # report says so); False = one release, seen in every epoch (the local-privacy model).
     c.privacy.fresh_noise_each_epoch = False
     # seq_rep: s(x) = "pooled" (the pooler output HF's classifier reads) or "cls_hidden".
     c.privacy.seq_rep_source = "pooled"
-    # Memory/speed knobs of the release (regular tokens / sentences per jitted call, vocabulary
-    # rows per step of the exact nearest-token search).
+    # Memory/speed knobs of the release: regular tokens / sentences per jitted call.
     c.privacy.tokens_per_call = 4096
     c.privacy.examples_per_call = 256
-    c.privacy.chunk_size = 4096
     # Mode ome (Lyu et al. 2020; classification only): the users release their frozen
     # encoder's sentence representation (privacy.seq_rep_source), z-scored and randomized as
     # r x 10 bits; the service trains a linear head on the bits. privacy.epsilon is the

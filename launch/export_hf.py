@@ -63,8 +63,8 @@ def main(argv):
         hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value, sources=sources,
                                     inside_sources_ok=source is _WORKDIR)
         if _WORKDIR.value:
-            from dpbert.runtime import loop
-            out = loop.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
+            from dpbert.tasks import export
+            out = export.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
         else:
             out = hf.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)
     except (hf.CheckpointError, FileNotFoundError, ValueError) as e:

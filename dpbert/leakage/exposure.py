@@ -48,7 +48,7 @@ from scipy import special, stats
 
 from data_pipelines import canaries as canaries_lib
 from data_pipelines import tokenization
-from dpbert.runtime import loop
+from dpbert.runtime import saved_run
 from dpbert.models import bert as model_lib
 
 LN2 = math.log(2.0)
@@ -227,7 +227,7 @@ class LoadedModel:
 
 def load_workdir_model(workdir: str | os.PathLike, step: int | None = None) -> LoadedModel:
     """The parameters of a saved step (default: the newest) of a dpbert training workdir."""
-    run, params, meta, step = loop.load_saved_step(workdir, step)
+    run, params, meta, step = saved_run.load_saved_step(workdir, step)
     config = model_lib.BertConfig(**run["model_config"])
     abstract = nnx.eval_shape(lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)

@@ -9,9 +9,11 @@ values that used to fail late, hang or fail without a name:
   silently be seed 0);
 * `data.canaries.repetitions`: integers in [0, canaries.MAX_REPETITIONS] (10**9 planted copies
   never finished);
-* the dχ privacy parameter η (`privacy.eta`, `dchi.eta`) at least MIN_ETA: the noise has a norm
-  of about d / η (d the embedding width), which overflows float32 for a tiny η; the run then
-  stopped on non-finite parameters with advice to lower the learning rate.
+* the dχ privacy parameter η of pretraining (`dchi.eta`) and of fine-tuning (`privacy.eta`), one
+  field of one section builder (`configs/common.dchi_section`), checked here once for both when
+  its mechanism is on: a finite number > 0 and at least MIN_ETA (the noise has a norm of about
+  d / η, d the embedding width, which overflows float32 for a tiny η; the run then stopped on
+  non-finite parameters with advice to lower the learning rate).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ MAX_SEED = 2**32 - 1
 # its squares overflow float32 inside LayerNorm. Already at η = 1 the noise (norm ~ d) dwarfs
 # every word embedding (norm ~ 1): smaller values add no privacy worth having.
 MIN_ETA = 1e-6
+# The dχ sections (`configs/common.dchi_section`): (section, the field that turns dχ on, off).
+DCHI_SECTIONS = (("privacy", "mode", "none"), ("dchi", "mechanism", "none"))
 
 
 def _leaves(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -66,15 +70,21 @@ def check(config: Any) -> None:
                     f"config.data.canaries.repetitions={canary_config.get('repetitions')!r}: "
                     f"each count must be an integer in [0, {canaries.MAX_REPETITIONS}] (0 = a "
                     f"never-planted reference canary; {r!r} is not)")
-    for section, mode_field, off in (("privacy", "mode", "none"), ("dchi", "mechanism", "none")):
+    for section, mode_field, off in DCHI_SECTIONS:
         node = config.get(section) if hasattr(config, "get") else None
-        if not hasattr(node, "get") or node.get(mode_field, off) == off:
-            continue
-        eta = node.get("eta")
-        if isinstance(eta, numbers.Real) and not isinstance(eta, bool) and math.isfinite(eta) \
-                and 0 < eta < MIN_ETA:
-            raise ConfigError(
-                f"config.{section}.eta={eta!r}: below {MIN_ETA:g}. The dχ noise has a norm of "
-                f"about d/η (d = the embedding width), {1 / eta:.1e} x d here, which overflows "
-                "float32 in the model; already at η = 1 the noise (norm ≈ d) drowns every word "
-                f"embedding, so use η >= {MIN_ETA:g} (Qu et al. use 50-175)")
+        if hasattr(node, "get") and node.get(mode_field, off) != off:
+            check_eta(node.get("eta"), section, f"{mode_field} {node.get(mode_field)!r}")
+
+
+def check_eta(eta: Any, section: str, what: str) -> None:
+    """η of the dχ section `section` (`what` turned it on, e.g. "mode 'token_rep'")."""
+    if not (isinstance(eta, numbers.Real) and not isinstance(eta, bool) and math.isfinite(eta)
+            and eta > 0):
+        raise ConfigError(f"config.{section}.eta must be a finite number > 0 for {what}, "
+                          f"got {eta!r}")
+    if eta < MIN_ETA:
+        raise ConfigError(
+            f"config.{section}.eta={eta!r}: below {MIN_ETA:g}. The dχ noise has a norm of "
+            f"about d/η (d = the embedding width), {1 / eta:.1e} x d here, which overflows "
+            "float32 in the model; already at η = 1 the noise (norm ≈ d) drowns every word "
+            f"embedding, so use η >= {MIN_ETA:g} (Qu et al. use 50-175)")

@@ -30,9 +30,6 @@ batch size).
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
-import math
 import os
 import pathlib
 import signal
@@ -48,22 +45,23 @@ from absl import logging
 from flax import nnx
 
 from data_pipelines import datasets, fileio, tokenization
-from dpbert.runtime import checkpointing
-from dpbert.runtime import config_checks
-from dpbert.reporting import lineage as lineage_lib
-from dpbert.runtime import metrics as metrics_lib
-from dpbert.runtime import optimizers
-from dpbert.reporting import report as report_lib
-from dpbert.runtime import sharding
 from dpbert.dp import plan as plan_lib
 from dpbert.dp import randomness
 from dpbert.errors import ConfigError
+from dpbert.reporting import lineage as lineage_lib
+from dpbert.reporting import report as report_lib
+from dpbert.runtime import checkpointing
+from dpbert.runtime import config_checks
+from dpbert.runtime import metrics as metrics_lib
+from dpbert.runtime import optimizers
+from dpbert.runtime import sharding
+from dpbert.runtime.evaluation import Evaluator, summary_line
+from dpbert.runtime.guards import Lock, Stop
+from dpbert.runtime.hosts import announce, is_primary, write_json
+from dpbert.runtime.saved_run import (CONFIG_FILE, RUN_FILE, Saver, fresh_start_message,
+                                      run_info_hash)
 
 PyTree = Any
-CONFIG_FILE = "config.json"
-RUN_FILE = "run.json"  # what an export needs: the task, model architecture, vocab, ...
-REPORT_FILE = "privacy_report.json"
-LOCK_FILE = ".lock"
 
 
 @flax.struct.dataclass
@@ -114,7 +112,11 @@ class BatchTransform:
 
 
 class Task(Protocol):
-    """One kind of training run on this loop (see `dpbert.tasks.pretraining`)."""
+    """One kind of training run on this loop (see `dpbert.tasks.pretraining`).
+
+    A task object holds no run state (one object serves every run, `dpbert.tasks.get_task`):
+    what `prepare` made for a run is its `TaskData` (`extra` for the task's own things), which
+    the loop hands back to the methods that need it."""
 
     name: str
 
@@ -124,32 +126,17 @@ class Task(Protocol):
                 task_key: np.ndarray) -> TaskData: ...  # task_key: secret uint32[2]
     def build_model(self, config, data: TaskData) -> nnx.Module: ...
     def trainable(self, config) -> Any: ...  # a dpbert.dp.trees.TrainableFilter
-    def loss(self, graphdef, config, shape: str) -> Callable: ...  # clipping.LOSS_SHAPES
+    def loss(self, graphdef, config, shape: str,
+             data: TaskData) -> Callable: ...  # shape: clipping.LOSS_SHAPES
     def batch_transform(self, config, model, data: TaskData) -> BatchTransform | None: ...
-    def eval_step(self, graphdef, config) -> Callable: ...  # (params, batch, mask) -> pytree
-    def eval_metrics(self, outputs: list) -> dict[str, float]: ...  # host, from eval_step's
+    def eval_step(self, graphdef, config,
+                  data: TaskData) -> Callable: ...  # (params, batch, mask) -> pytree
+    def eval_metrics(self, outputs: list,
+                     data: TaskData) -> dict[str, float]: ...  # host, from eval_step's
     def train_metrics(self, sums: dict) -> dict[str, float]: ...  # host, batch totals
     def run_info(self, config, model, data: TaskData) -> dict: ...  # into run.json
     def export(self, params, run: dict, workdir: pathlib.Path, out: pathlib.Path,
                report: dict | None): ...
-
-
-def is_primary() -> bool:
-    return jax.process_index() == 0
-
-
-def sync(what: str) -> None:
-    """All processes wait for process 0 (which wrote `what` to the shared workdir)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # noqa: PLC0415
-        multihost_utils.sync_global_devices(f"dpbert:{what}")
-
-
-def write_json(path: pathlib.Path, obj: Any) -> None:
-    """Atomically (temp file + rename), on process 0 only."""
-    if is_primary():
-        fileio.atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True,
-                                                  default=str) + "\n")
 
 
 def validate(task: Task, config: ml_collections.ConfigDict) -> None:
@@ -176,64 +163,6 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
     task.validate(config)
 
 
-class _Stop:
-    """SIGTERM (preemption) or Ctrl-C sets a flag; the loop saves a checkpoint and exits."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. some test runners)
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        logging.warning("%s received: saving a checkpoint at the end of this step",
-                        signal.Signals(signum).name)
-        self.signal = signum
-
-    def __exit__(self, *exc):
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-
-
-class _Lock:
-    """One run per workdir: a second process is refused while the first holds the lock (the
-    OS releases it when the holder dies, so a killed run leaves nothing stale)."""
-
-    def __init__(self, workdir: pathlib.Path):
-        self.path = workdir / LOCK_FILE
-        self._file = None
-
-    def __enter__(self):
-        if not is_primary():
-            return self
-        self._file = open(self.path, "a")  # noqa: SIM115
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self._file.close()
-            raise ConfigError(f"{self.path.parent}: another dpbert process is running in this "
-                              "workdir (it holds .lock); wait for it or use another --workdir")
-        return self
-
-    def __exit__(self, *exc):
-        if self._file is not None:
-            fcntl.flock(self._file, fcntl.LOCK_UN)
-            self._file.close()
-
-
-def _announce(message: str) -> None:
-    """A progress line for the stages before the first step (they can take a minute)."""
-    logging.info(message)
-    if is_primary():
-        print(message, flush=True)
-
-
 def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLike, *,
         devices: list[jax.Device] | None = None) -> dict:
     """Trains (or resumes) `task` as `config` says in `workdir`; returns the final privacy
@@ -253,7 +182,7 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
             raise PermissionError("not writable")
     except OSError as e:
         raise ConfigError(f"--workdir={workdir}: cannot write there ({e.strerror or e})")
-    with _Lock(workdir), checkpointing.quiet_failed_reads():
+    with Lock(workdir), checkpointing.quiet_failed_reads():
         damaged: set[int] = set()
         while True:
             try:
@@ -304,7 +233,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
             "is composed into this run's epsilon, so it cannot change on resume. Restore it, "
             "or use a fresh --workdir")
     if lineage is not None and lineage.voids:
-        _announce(f"WARNING: not private: {lineage.voids}")
+        announce(f"WARNING: not private: {lineage.voids}")
 
     data = task.prepare(config, workdir, task_key)
     data_hash = data.train.metadata.get("content_sha256")
@@ -315,7 +244,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
             f"{str(data_hash)[:12]}...); privacy accounting assumes one dataset. Use a fresh "
             "--workdir for new data.")
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
-    _announce("planning (sampler, noise, privacy budget) ...")
+    announce("planning (sampler, noise, privacy budget) ...")
     plan = plan_lib.make_plan(
         config.dp, config.batch, num_steps=config.train.num_steps,
         num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
@@ -340,7 +269,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     param_sh = sharding.pure_param_shardings(model, mesh)
     # A replicated parameter's noise is added to each device's slice of the reduced sum and
     # all-gathered (sharding.noise_layouts); sharded parameters get theirs in their own layout.
-    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape), optimizer,
+    updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape, data), optimizer,
                                 trainable=trainable,
                                 noise_layouts=sharding.noise_layouts(param_sh, params))
     rep = sharding.replicated(mesh)
@@ -370,9 +299,9 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
                                              f"{checkpointing.first_line(e)}") from e
         plan.sampler.load_state_dict(meta["sampler"])
         start_step = int(meta["step"])
-        _announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
+        announce(f"resumed from {ckpt.directory / str(latest)} at step {start_step}")
     else:
-        _announce(_fresh_start_message(ckpt, damaged))
+        announce(fresh_start_message(ckpt, damaged))
     # A damaged step is retrained from the one before; its remains would keep the new save
     # of that step from being written (a step that exists is not saved again).
     for step in sorted(s for s in damaged if s in ckpt.all_steps()):
@@ -401,19 +330,19 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
             [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])).astype(jnp.int32)
         return TrainState(params, opt_state, dp_state), sums
 
-    _announce("compiling the train step ...")
+    announce("compiling the train step ...")
     t0 = time.time()
     compiled = jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)).lower(
         checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand).compile()
     _log_memory("train step", compiled, time.time() - t0)
-    eval_step = task.eval_step(graphdef, config)
+    eval_step = task.eval_step(graphdef, config, data)
 
     def eval_fn(params, batch, mask, operand, index):
         if transform is not None:
             batch = transform.eval(operand, batch, index)
         return eval_step(params, batch, mask)
 
-    evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data.eval, config, mesh,
+    evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data, config, mesh,
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
                   start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
@@ -435,7 +364,7 @@ def _vocabulary_part(config, data: TaskData, plan) -> dict:
             observed_records_per_unit=units.get("documents_per_unit_max"))
     part = report_lib.vocabulary_part(data.vocab_report, data.vocab_origin, relation, sha)
     if part.get("warning") and config.dp.enabled:
-        _announce(f"WARNING: {part['warning']} ({part['assumption']})")
+        announce(f"WARNING: {part['warning']} ({part['assumption']})")
     return part
 
 
@@ -450,39 +379,6 @@ def _row_loader(plan, dataset) -> Callable:
         return (datasets.get_unit_batch(dataset, indices, mask, step=step), mask.any(axis=-1))
 
     return load
-
-
-@dataclasses.dataclass
-class Evaluator:
-    """Task metrics over (a prefix of) the held-out split, in fixed batches with a mask."""
-
-    task: Task
-    fn: Callable
-    dataset: Any
-    config: ml_collections.ConfigDict
-    mesh: Any
-    operand: Any
-
-    def __call__(self, params) -> dict[str, float]:
-        if self.dataset is None:
-            return {}
-        size = self.config.train.eval_batch_size
-        n_dev = jax.device_count()
-        size = max(size - size % n_dev, n_dev)
-        n = self.dataset.num_examples
-        num_batches = math.ceil(n / size)
-        if self.config.train.eval_batches:
-            num_batches = min(num_batches, self.config.train.eval_batches)
-        rows = sharding.host_rows(size, sharding.batch_sharding(self.mesh))
-        outputs = []
-        for i in range(num_batches):
-            idx = np.arange(i * size, (i + 1) * size)
-            mask = idx < n
-            local = self.dataset.get_batch(np.where(mask, idx, 0)[rows], step=0)
-            batch = sharding.make_global_batch(local, self.mesh, size)
-            m = sharding.make_global_batch({"m": mask[rows]}, self.mesh, size)["m"]
-            outputs.append(jax.device_get(self.fn(params, batch, m, self.operand, i)))
-        return {f"eval/{k}": v for k, v in self.task.eval_metrics(outputs).items()}
 
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
@@ -510,7 +406,7 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             units=data.units if plan.per_unit else None,
             max_examples_per_unit=plan.max_examples_per_unit, lineage=lineage)
 
-    saver = _Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
+    saver = Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
         "content_sha256"), run_hash=run_info_hash(run_info), task_key=task_key, plan=plan,
         sampler=sampler, report_at=report_at,
         inherited=[s.to_json() for s in (lineage.segments if lineage else ())])
@@ -538,7 +434,7 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                 f" and {step}; stopping without saving or exporting them. {kept} Lower "
                 "config.optimizer.learning_rate or check the data and config.")
 
-    with _Stop() as stop:
+    with Stop() as stop:
         try:
             while step < plan.num_steps:
                 for _ in range(plan.calls_per_batch):
@@ -606,94 +502,8 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
     if config.train.export_hf and is_primary():
         task.export(jax.device_get(state.params), run_info, workdir, workdir / "hf", report)
     if is_primary():
-        print(_summary_line(step, report, initial_eval, final_eval, by_budget), flush=True)
+        print(summary_line(step, report, initial_eval, final_eval, by_budget), flush=True)
     return report
-
-
-class _Saver:
-    """Checkpoints + the report: privacy_report.json is written only for a step whose
-    checkpoint is complete, so the report is never newer than the newest checkpoint."""
-
-    def __init__(self, ckpt, workdir, signature, secret, *, data_hash, run_hash, task_key, plan,
-                 sampler, report_at, inherited=()):
-        self.ckpt, self.workdir, self.plan, self.sampler = ckpt, workdir, plan, sampler
-        self.report_at = report_at
-        self.fixed = {"signature": signature, "secret_randomness": secret,
-                      "data_fingerprint": data_hash, "run_sha256": run_hash,
-                      "task_key": [int(x) for x in np.asarray(task_key).reshape(-1)],
-                      # The starting model's DP-SGD segments composed into this run's epsilon.
-                      "inherited": list(inherited)}
-        self.pending: tuple[int, dict] | None = None
-
-    def save(self, step: int, state, by_budget: bool = False) -> None:
-        self._flush()
-        report = self.report_at(step, by_budget)
-        if step not in self.ckpt.all_steps():  # the periodic save may have written it
-            # The checkpoint is private: the sampler's secret seed, and in `state` the secret
-            # noise key and the un-noised accumulator.
-            ledger = self.plan.ledger
-            self.ckpt.save(step, state, {
-                "step": step, **self.fixed, "sampler": self.sampler.state_dict(),
-                "accounting": (ledger.to_json(step - ledger.closed_steps)
-                               if ledger is not None else None),
-                "privacy_report": report})
-        self.pending = (step, report)
-
-    def _flush(self, durable: bool = False) -> dict | None:
-        """Writes the pending report once its checkpoint is complete (with `durable`, once it
-        is also flushed to disk)."""
-        if self.pending is None:
-            return None
-        self.ckpt.wait()
-        step, report = self.pending
-        self.pending = None
-        if self.ckpt.latest_step() != step:
-            raise OSError(f"the checkpoint of step {step} was not written (disk full?); "
-                          f"privacy_report.json stays at the newest intact checkpoint "
-                          f"(step {self.ckpt.latest_step()})")
-        if durable:
-            self.ckpt.sync(step)
-        write_json(self.workdir / REPORT_FILE, report)
-        return report
-
-    def close(self, durable: bool = False) -> dict | None:
-        """Waits for the pending save (`durable`: and fsyncs it), writes its report, closes."""
-        report = self._flush(durable)
-        self.ckpt.close()
-        return report
-
-
-def _fresh_start_message(ckpt, damaged: set[int]) -> str:
-    """What a run without a usable checkpoint says: that it starts at step 0, and why when the
-    folder is not empty (an unfinished save of a killed run, damaged steps)."""
-    unfinished = ckpt.unfinished_saves()
-    why = []
-    if unfinished:
-        why.append(f"unfinished save(s) {', '.join(unfinished)} of a run killed while saving "
-                   "are ignored")
-    if damaged:
-        why.append(f"damaged step(s) {sorted(damaged)}")
-    return (f"no checkpoint in {ckpt.directory}" + (f" ({'; '.join(why)})" if why else "")
-            + ": starting fresh at step 0")
-
-
-def _summary_line(step: int, report: dict, initial: dict, final: dict, by_budget: bool) -> str:
-    parts = [f"done: {step} steps"]
-    shown = [k for k in final if k.endswith(("accuracy", "f1"))][:1]
-    for key in shown:
-        name = key.split("/", 1)[-1].replace("_", " ")
-        parts.append(f"held-out {name} {initial[key]:.3f} -> {final[key]:.3f}"
-                     if key in initial else f"held-out {name} {final[key]:.3f}")
-    if report.get("dp"):
-        t = report["training"]
-        parts.append(f"training epsilon = {t['epsilon']:.4f} at delta = {t['delta']:g} "
-                     f"({t['accountant']}, {t['sampling']} sampling)")
-        if by_budget:
-            parts.append("stopped by the privacy budget")
-        parts.append(report["headline"])
-    else:
-        parts.append("no differential privacy (dp.enabled=False)")
-    return " | ".join(parts)
 
 
 def _log_memory(name: str, compiled, seconds: float) -> None:
@@ -702,64 +512,8 @@ def _log_memory(name: str, compiled, seconds: float) -> None:
     except Exception:  # some backends do not implement it
         mem = None
     if mem is None:
-        _announce(f"{name} compiled in {seconds:.0f} s")
+        announce(f"{name} compiled in {seconds:.0f} s")
         return
     mib = lambda x: f"{x / 2**20:.1f} MiB"  # noqa: E731
-    _announce(f"{name} compiled in {seconds:.0f} s: arguments {mib(mem.argument_size_in_bytes)}, "
+    announce(f"{name} compiled in {seconds:.0f} s: arguments {mib(mem.argument_size_in_bytes)}, "
               f"temporaries {mib(mem.temp_size_in_bytes)}")
-
-
-def run_info_hash(run_info: dict) -> str:
-    """sha256 of run.json's content (stored in every checkpoint, checked on export)."""
-    import hashlib  # noqa: PLC0415
-
-    blob = json.dumps(run_info, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()
-
-
-def load_saved_step(workdir: str | os.PathLike, step: int | None = None
-                    ) -> tuple[dict[str, Any], Any, dict[str, Any], int]:
-    """(run.json, parameters as host arrays, meta, step) of a saved step (default: the newest)
-    of a training workdir; a run.json that does not match the checkpoint is refused."""
-    workdir = pathlib.Path(workdir)
-    run_file = workdir / RUN_FILE
-    if not run_file.is_file():
-        raise FileNotFoundError(f"{run_file}: missing; is {workdir} a dpbert training workdir?")
-    run_info = json.loads(run_file.read_text())
-    ckpt = checkpointing.Checkpointer(workdir / "checkpoints", async_save=False)
-    try:
-        steps = ckpt.all_steps()
-        if not steps:
-            raise FileNotFoundError(f"{workdir / 'checkpoints'}: no checkpoint")
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
-            raise ValueError(f"{workdir}: no checkpoint at step {step}; saved steps: {steps}")
-        params, meta = ckpt.restore_params(step)
-    finally:
-        ckpt.close()
-    if meta.get("run_sha256") not in (None, run_info_hash(run_info)):
-        raise ConfigError(f"{run_file} does not match the checkpoint of step {step} (it was "
-                          "rewritten by another run, or copied from another workdir); refusing "
-                          "to use it")
-    return run_info, params, meta, int(step)
-
-
-def export_from_workdir(workdir: str | os.PathLike, out: str | os.PathLike,
-                        step: int | None = None) -> pathlib.Path:
-    """Exports a saved step (default: the newest) of a training workdir with its task's export
-    and that step's privacy report."""
-    from dpbert import tasks  # noqa: PLC0415
-
-    # Not the workdir itself, nor a folder holding it (the export's swap would delete it);
-    # WORKDIR/hf, where training exports, is fine.
-    problem = fileio.path_problem(out, sources=[(f"workdir {workdir}", workdir)],
-                                  inside_sources_ok=True)
-    if problem:
-        raise ConfigError(f"{out}: {problem}")
-    workdir = pathlib.Path(workdir)
-    run_info, params, meta, step = load_saved_step(workdir, step)
-    task = tasks.get_task(run_info.get("task", "pretraining"))
-    out = pathlib.Path(out)
-    task.export(params, run_info, workdir, out, meta.get("privacy_report"))
-    return out

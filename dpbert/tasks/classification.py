@@ -8,8 +8,9 @@
             the training file (numeric ones in numeric order), the eval file must use the same
             set; tokenized with the checkpoint's vocabulary (a vocab.file that differs from it,
             or a vocabulary of another size than the model's, is refused)
-    users   `privacy.mode` (`dpbert.tasks.finetuning` input modes): the release of train AND
-            eval, once, keyed by the run's secret task key
+    users   `privacy.mode` (`dpbert.tasks.input_modes`): the release of train AND eval, once,
+            keyed by the run's secret task key; its examples offer every capability
+            (TOKENS, SENTENCE, ONE_SEQUENCE), so every input mode applies
     model   HF `BertForSequenceClassification` (dropout + linear on the pooled output)
     loss    per-example cross-entropy (`dpbert.tasks.task_losses`); with DP-SGD (one example = one
             row of the training file is the privacy unit) dp.clipping="auto" takes the mixed
@@ -30,17 +31,21 @@ import numpy as np
 
 from data_pipelines import classification as clf
 from data_pipelines import identity
-from dpbert.tasks import task_losses
 from dpbert.errors import ConfigError
-from dpbert.tasks import finetuning
+from dpbert.runtime.hosts import announce
+from dpbert.tasks import finetuning, task_losses
+from dpbert.tasks.input_modes import registry
+from dpbert.tasks.input_modes.base import ONE_SEQUENCE, SENTENCE, TOKENS
 
 
 class ClassificationTask(finetuning.FineTuningTask):
     name = "classification"
     model_kind = "sequence_classification"
+    # One sequence per example, one label from its sentence vector (the pooled output).
+    capabilities = (TOKENS, SENTENCE, ONE_SEQUENCE)
 
     def validate(self, config) -> None:
-        finetuning.validate_common(self.name, config)
+        finetuning.validate_common(self, config)
         for which in ("train", "eval"):
             if not config.data[which]:
                 raise ConfigError(f"config.data.{which} is empty: give a "
@@ -73,15 +78,15 @@ class ClassificationTask(finetuning.FineTuningTask):
         copies = identity.count_exact_duplicates((r.label, r.text_a, r.text_b) for r in rows)
         if copies:
             warning = identity.fine_tuning_warning(d.train, copies, len(rows), "row")
-            finetuning.announce(warning)
+            announce(warning)
         if n < config.batch.expected_batch_size:
             raise ConfigError(f"config.batch.expected_batch_size="
                               f"{config.batch.expected_batch_size} exceeds the {n} training "
                               "examples")
-        finetuning.announce(f"classification data: {n:,} training / "
-                            f"{len(data.eval['input_ids']):,} eval examples, labels "
-                            f"{clf.describe_labels(data.labels.names)}"
-                            f"{', sentence pairs' if data.sentence_pair else ''}")
+        announce(f"classification data: {n:,} training / "
+                 f"{len(data.eval['input_ids']):,} eval examples, labels "
+                 f"{clf.describe_labels(data.labels.names)}"
+                 f"{', sentence pairs' if data.sentence_pair else ''}")
         return finetuning.Loaded(train, data.eval, data.labels.names, n)
 
     def unit_definition(self, config) -> str:
@@ -98,9 +103,8 @@ class ClassificationTask(finetuning.FineTuningTask):
     def factored_loss(self, graphdef):
         return task_losses.FactoredClassificationLoss(graphdef)
 
-    def eval_step(self, graphdef, config):
-        mode = finetuning.get_input_mode(config.privacy.mode)
-        logits_fn = mode.eval_logits(self, graphdef, config)
+    def eval_step(self, graphdef, config, data):
+        logits_fn = registry.get(config.privacy.mode).eval_logits(graphdef, config, data)
         if logits_fn is None:
             loss_fn = self.example_loss(graphdef, deterministic=True)
 
@@ -113,7 +117,7 @@ class ClassificationTask(finetuning.FineTuningTask):
                 return {k: jnp.sum(jnp.where(mask, v, 0.0)) for k, v in m.items()}
         return step
 
-    def eval_metrics(self, outputs: list) -> dict[str, float]:
+    def eval_metrics(self, outputs: list, data) -> dict[str, float]:
         sums = {k: float(np.sum([o[k] for o in outputs])) for k in outputs[0]}
         return self.train_metrics(sums)
 
@@ -127,4 +131,4 @@ TASK = ClassificationTask()
 
 def finetune(config, workdir, *, devices=None) -> dict:
     """Fine-tunes as `config` says in `workdir` (resuming it); returns results.json's content."""
-    return finetuning.finetune(ClassificationTask(), config, workdir, devices=devices)
+    return finetuning.finetune(TASK, config, workdir, devices=devices)

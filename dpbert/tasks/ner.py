@@ -33,9 +33,10 @@ from flax import nnx
 from data_pipelines import classification as clf
 from data_pipelines import identity, ner
 from data_pipelines import ner_metrics
-from dpbert.tasks import task_losses
 from dpbert.errors import ConfigError
-from dpbert.tasks import finetuning
+from dpbert.runtime.hosts import announce
+from dpbert.tasks import finetuning, release, task_losses
+from dpbert.tasks.input_modes.base import TOKENS
 
 
 @functools.lru_cache(maxsize=4)
@@ -86,12 +87,11 @@ def documents(config) -> tuple[list, list, tuple[str, ...]]:
 class NerTask(finetuning.FineTuningTask):
     name = "ner"
     model_kind = "token_classification"
-
-    def __init__(self):
-        self._eval = None  # the held-out windows' word layout and gold tags, set by prepare
+    # A label per word of a document of several windows: no sentence vector, no one sequence.
+    capabilities = (TOKENS,)
 
     def validate(self, config) -> None:
-        finetuning.validate_common(self.name, config)
+        finetuning.validate_common(self, config)
         d = config.data
         if not d.train and d.eval:
             raise ConfigError("config.data.eval is set but data.train is empty: give both "
@@ -130,15 +130,17 @@ class NerTask(finetuning.FineTuningTask):
             warning = identity.fine_tuning_warning(
                 d.train or f"synthetic notes (seed {d.synthetic_seed})", copies,
                 len(train_docs), "document")
-            finetuning.announce(warning)
-        groups = finetuning.group_rows(train.features["example_id"])
-        self._eval = (test, ner.sentences_of(ner.gold_tags(test_docs)))
-        finetuning.announce(
+            announce(warning)
+        groups = release.group_rows(train.features["example_id"])
+        announce(
             f"NER data: {len(train_docs)} training documents ({len(groups)} examples of up to "
             f"{groups.shape[1]} windows), {len(test_docs)} held-out documents "
             f"({len(test.features['input_ids'])} windows); tags {clf.describe_labels(tags)}")
+        # eval_metrics maps the held-out windows' predictions back to words: their layout and
+        # the gold tags, kept with the run's data (TaskData.extra), not on the task.
+        held_out = (test, ner.sentences_of(ner.gold_tags(test_docs)))
         return finetuning.Loaded(train.features, test.features, tuple(tags), len(groups),
-                                 groups=groups)
+                                 groups=groups, extra={"ner_eval": held_out})
 
     def unit_definition(self, config) -> str:
         return ("one document (note): all its windows of up to "
@@ -160,7 +162,7 @@ class NerTask(finetuning.FineTuningTask):
 
         return loss_fn
 
-    def eval_step(self, graphdef, config):
+    def eval_step(self, graphdef, config, data):
         def step(params, batch, mask):
             model = nnx.merge(graphdef, params)
             logits = model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
@@ -173,10 +175,8 @@ class NerTask(finetuning.FineTuningTask):
 
         return step
 
-    def eval_metrics(self, outputs: list) -> dict[str, float]:
-        if self._eval is None:
-            raise RuntimeError("NerTask.eval_metrics before prepare")
-        encoded, gold = self._eval
+    def eval_metrics(self, outputs: list, data) -> dict[str, float]:
+        encoded, gold = data.extra["ner_eval"]
         pred = np.concatenate([o["pred"][np.asarray(o["mask"], bool)] for o in outputs])
         words = ner.word_predictions(pred, encoded)
         predicted = ner.sentences_of(words)
@@ -201,4 +201,4 @@ TASK = NerTask()
 
 def finetune(config, workdir, *, devices=None) -> dict:
     """Fine-tunes as `config` says in `workdir` (resuming it); returns results.json's content."""
-    return finetuning.finetune(NerTask(), config, workdir, devices=devices)
+    return finetuning.finetune(TASK, config, workdir, devices=devices)

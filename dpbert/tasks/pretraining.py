@@ -26,10 +26,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from data_pipelines import fileio, identity, tokenization
+from data_pipelines import dp_vocab, fileio, identity, synthetic_notes, tokenization
+from data_pipelines import pretraining as pretraining_data
 from dpbert.privacy import dchi
 from dpbert.models import hf
-from dpbert.runtime import loop
+from dpbert.runtime import hosts, loop
 from dpbert.models import losses
 from dpbert.runtime import metrics as metrics_lib
 from dpbert.models import bert as model_lib
@@ -79,13 +80,11 @@ class PretrainingTask:
               f"must be one of {losses.mlm_target_names()}")
         _need(config, config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
               f"must be one of {dchi.MECHANISMS}")
-        _need(config, config.dchi.eta > 0, "dchi.eta", "must be > 0")
+        # dchi.eta: `dpbert.runtime.config_checks` (one check of η for every task).
         _need(config, config.dchi.mechanism == "none" or config.dp.privacy_unit == "example",
               "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
         if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
-            from data_pipelines import dp_vocab  # noqa: PLC0415
-
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
             _need(config, config.vocab.size >= floor, "vocab.size",
                   f"must be >= {floor} (the special tokens and the public alphabet)")
@@ -101,15 +100,13 @@ class PretrainingTask:
     # ---------------------------------------------------------------------------- data
 
     def prepare(self, config, workdir: pathlib.Path, task_key) -> loop.TaskData:
-        from data_pipelines import pretraining  # noqa: PLC0415
-
         data_config = prepare_corpus(config, workdir)
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         unit = config.dp.privacy_unit
-        train_ds, eval_ds = pretraining.build_datasets(data_config, vocab_file, unit)
+        train_ds, eval_ds = pretraining_data.build_datasets(data_config, vocab_file, unit)
         canary_file = train_ds.metadata.get("canary_file")
-        if canary_file and loop.is_primary():  # kept with the run, for launch/exposure.py
+        if canary_file and hosts.is_primary():  # kept with the run, for launch/exposure.py
             fileio.atomic_write_text(workdir / "canaries.json",
                                      pathlib.Path(canary_file).read_text())
         return loop.TaskData(train_ds, eval_ds, vocab_report, origin,
@@ -129,7 +126,7 @@ class PretrainingTask:
         return (trees.freeze_paths_containing("word_embeddings")
                 if config.dchi.mechanism != "none" else None)
 
-    def loss(self, graphdef, config, shape: str):
+    def loss(self, graphdef, config, shape: str, data: loop.TaskData):
         frozen = config.dchi.mechanism != "none"
         kw = dict(deterministic=False, mlm_target=config.mlm_target,
                   frozen_word_embedding=frozen)
@@ -166,7 +163,7 @@ class PretrainingTask:
 
     # ---------------------------------------------------------------------------- eval
 
-    def eval_step(self, graphdef, config):
+    def eval_step(self, graphdef, config, data: loop.TaskData):
         loss_fn = losses.make_pretraining_loss(graphdef, deterministic=True,
                                                mlm_target=config.mlm_target)
 
@@ -178,7 +175,7 @@ class PretrainingTask:
 
         return step
 
-    def eval_metrics(self, outputs: list) -> dict[str, float]:
+    def eval_metrics(self, outputs: list, data: loop.TaskData) -> dict[str, float]:
         return metrics_lib.summarize(jax.tree.map(lambda *x: sum(x), *outputs))
 
     def train_metrics(self, sums: dict) -> dict[str, float]:
@@ -229,17 +226,15 @@ def prepare_corpus(config: ml_collections.ConfigDict, workdir: pathlib.Path
     NOTEEVENTS-schema CSV, so the demo exercises the same reader as real MIMIC-III notes."""
     data = ml_collections.ConfigDict(config.data.to_dict())
     if data.corpus == "synthetic":
-        from data_pipelines import synthetic_notes  # noqa: PLC0415
-
         path = workdir / "data" / (f"synthetic_notes_{data.synthetic_num_notes}_"
                                    f"{data.synthetic_seed}.csv.gz")
-        if not path.exists() and loop.is_primary():
+        if not path.exists() and hosts.is_primary():
             path.parent.mkdir(parents=True, exist_ok=True)
             with fileio.atomic_path(path) as tmp:
                 synthetic_notes.write_noteevents_csv(
                     tmp, synthetic_notes.generate_synthetic(data.synthetic_num_notes,
                                                             seed=data.synthetic_seed))
-        loop.sync("synthetic corpus")
+        hosts.sync("synthetic corpus")
         data.corpus = "noteevents"
         data.paths = (str(path),)
     if not data.cache_dir:
@@ -259,13 +254,13 @@ def keep_vocab_in_workdir(vocab_file: str, workdir: pathlib.Path) -> str:
             raise ConfigError(f"{source}: differs from the vocabulary this run started with "
                               f"({kept}); use the same vocabulary or a fresh --workdir")
         return str(kept)
-    if loop.is_primary():
+    if hosts.is_primary():
         kept.parent.mkdir(parents=True, exist_ok=True)
         report = source.parent / hf.VOCAB_REPORT
         if report.is_file():
             fileio.atomic_write_text(kept.parent / hf.VOCAB_REPORT, report.read_text())
         fileio.atomic_write_text(kept, source.read_text(encoding="utf-8"))
-    loop.sync("vocabulary copy")
+    hosts.sync("vocabulary copy")
     return str(kept)
 
 
@@ -301,9 +296,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
         if len(data.paths) != 1:
             raise ConfigError(f"config.data.paths={tuple(data.paths)!r}: building the vocabulary "
                               "here needs exactly one corpus file; use launch/build_vocab.py")
-        if loop.is_primary():
-            from data_pipelines import dp_vocab  # noqa: PLC0415
-
+        if hosts.is_primary():
             v = config.vocab
             print(f"building the {'DP' if v.dp else 'non-private'} WordPiece vocabulary (size "
                   f"{v.size}) from {data.paths[0]} ...", flush=True)
@@ -317,7 +310,7 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 unit=("patient" if config.dp.privacy_unit == "patient"
                       and data.corpus == "noteevents" else "document"),
                 duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
-        loop.sync("vocabulary")
+        hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 
 

@@ -17,11 +17,11 @@ import pytest
 
 from dpbert.runtime import checkpointing
 
-from dpbert.runtime import loop
+from dpbert.runtime import guards, loop, saved_run
 
 from dpbert.runtime import optimizers
 from dpbert.errors import ConfigError
-from dpbert.tasks import pretraining
+from dpbert.tasks import export, pretraining
 from tests.dpbert.tasks.test_pretraining import assert_trees, final_params, small_config
 
 
@@ -92,7 +92,7 @@ def test_non_finite_parameters_stop_the_run_before_saving_or_exporting(cache_dir
 
 def test_a_second_process_in_the_same_workdir_is_refused(cache_dir, tmp_path):
     tmp_path.mkdir(exist_ok=True)
-    with loop._Lock(tmp_path):
+    with guards.Lock(tmp_path):
         with pytest.raises(ConfigError, match="another dpbert process is running"):
             pretraining.train_and_evaluate(small_config(cache_dir), tmp_path)
     assert not (tmp_path / "config.json").exists()
@@ -103,7 +103,7 @@ def test_sigterm_and_ctrl_c_ask_the_loop_to_save_and_stop():
     # job started in the background) come back afterwards.
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with loop._Stop() as stop:
+        with guards.Stop() as stop:
             os.kill(os.getpid(), sig)
             assert stop.signal == sig
     assert {sig: signal.getsignal(sig) for sig in before} == before
@@ -132,7 +132,7 @@ class _FailingCheckpointer:
 
 
 def test_the_report_never_runs_ahead_of_the_newest_checkpoint(tmp_path):
-    saver = loop._Saver(_FailingCheckpointer(), tmp_path, {}, True, data_hash="h", run_hash="r",
+    saver = saved_run.Saver(_FailingCheckpointer(), tmp_path, {}, True, data_hash="h", run_hash="r",
                         task_key=[0, 0], plan=type("P", (), {"ledger": None})(),
                         sampler=type("S", (), {"state_dict": lambda self: {}})(),
                         report_at=lambda step, by_budget=False: {"steps": step})
@@ -171,13 +171,13 @@ def test_a_moved_workdir_exports_and_a_tampered_run_json_is_refused(cache_dir, t
     pretraining.train_and_evaluate(c, tmp_path / "run")
     moved = tmp_path / "moved"
     shutil.move(tmp_path / "run", moved)
-    out = loop.export_from_workdir(moved, tmp_path / "hf")
+    out = export.export_from_workdir(moved, tmp_path / "hf")
     assert (out / "vocab.txt").read_text() == (moved / "vocab" / "vocab.txt").read_text()
     run = json.loads((moved / "run.json").read_text())
     run["max_seq_length"] = 512
     (moved / "run.json").write_text(json.dumps(run))
     with pytest.raises(ConfigError, match="run.json does not match the checkpoint"):
-        loop.export_from_workdir(moved, tmp_path / "hf2")
+        export.export_from_workdir(moved, tmp_path / "hf2")
 
 
 def test_a_damaged_checkpoint_is_reported_once(monkeypatch):
@@ -209,7 +209,7 @@ def test_a_stopping_run_says_saved_only_once_the_save_is_on_disk(tmp_path, monke
 
     monkeypatch.setattr(os, "fsync", fsync)
     ckpt = checkpointing.Checkpointer(tmp_path / "checkpoints", async_save=True)
-    saver = loop._Saver(ckpt, tmp_path, {}, True, data_hash="h", run_hash="r", task_key=[0, 0],
+    saver = saved_run.Saver(ckpt, tmp_path, {}, True, data_hash="h", run_hash="r", task_key=[0, 0],
                         plan=type("P", (), {"ledger": None})(),
                         sampler=type("S", (), {"state_dict": lambda self: {}})(),
                         report_at=lambda step, by_budget=False: {"steps": step})
@@ -226,7 +226,7 @@ def test_a_stopping_run_says_saved_only_once_the_save_is_on_disk(tmp_path, monke
     (tmp_path / "checkpoints" / "5.orbax-checkpoint-tmp").mkdir()
     (tmp_path / "checkpoints" / "3").rename(tmp_path / "old")
     fresh = checkpointing.Checkpointer(tmp_path / "checkpoints", async_save=False)
-    assert loop._fresh_start_message(fresh, set()) == (
+    assert saved_run.fresh_start_message(fresh, set()) == (
         f"no checkpoint in {tmp_path / 'checkpoints'} (unfinished save(s) "
         "5.orbax-checkpoint-tmp of a run killed while saving are ignored): starting fresh at "
         "step 0")

@@ -18,7 +18,10 @@ from dpbert.models import hf
 from dpbert.privacy import input_privacy
 from dpbert.dp import randomness
 from dpbert.errors import ConfigError
-from dpbert.tasks import classification, finetuning
+from data_pipelines import classification as clf_data
+from dpbert.tasks import classification, finetuning, release, schedule, starting_model
+from dpbert.tasks.input_modes import registry
+from dpbert.tasks.input_modes.base import InputMode
 from tests.dpbert.tasks import finetune_fixtures as fx
 
 WORD_TABLE = ("bert", "embeddings", "word_embeddings", "embedding")
@@ -146,7 +149,7 @@ def test_token_rep_end_to_end_resume_export_and_frozen_phi(toy, tmp_path):
 
 @pytest.mark.parametrize("mode", ["token_rep", "text_to_text", "seq_rep"])
 def test_the_release_is_fixed_per_key_across_epochs_and_hides_raw_ids(toy, tmp_path, mode):
-    c = finetuning.resolve_schedule(config(toy, **{"privacy.mode": mode, "privacy.eta": 2.0}),
+    c = schedule.resolve_schedule(config(toy, **{"privacy.mode": mode, "privacy.eta": 2.0}),
                                     256)
     task = classification.ClassificationTask()
     key, other = np.array([1, 2], np.uint32), np.array([1, 3], np.uint32)
@@ -157,8 +160,8 @@ def test_the_release_is_fixed_per_key_across_epochs_and_hides_raw_ids(toy, tmp_p
     assert digest(first) == digest(task.prepare(c, tmp_path, key).train.get_batch(rows, step=0))
     assert digest(first) != digest(task.prepare(c, tmp_path, other).train.get_batch(rows,
                                                                                       step=0))
-    raw = finetuning.clf.load_train_eval(c.data.train, c.data.eval,
-                                         finetuning.tokenizer(c), max_seq_len=16)
+    raw = clf_data.load_train_eval(c.data.train, c.data.eval,
+                                   starting_model.tokenizer(c), max_seq_len=16)
     ev = data.eval.get_batch(np.arange(64), step=0)
     assert "example_id" not in first and "position_ids" not in first
     if mode == "seq_rep":
@@ -180,7 +183,7 @@ def test_the_release_is_fixed_per_key_across_epochs_and_hides_raw_ids(toy, tmp_p
 
 
 def test_fresh_noise_each_epoch_releases_again_and_reports_the_composition(toy, tmp_path):
-    c = finetuning.resolve_schedule(config(toy, **{
+    c = schedule.resolve_schedule(config(toy, **{
         "privacy.mode": "text_to_text", "privacy.eta": 5.0,
         "privacy.fresh_noise_each_epoch": True}), 256)
     data = classification.ClassificationTask().prepare(c, tmp_path, np.array([4, 5], np.uint32))
@@ -353,16 +356,16 @@ def test_refused_configurations(toy, tmp_path):
         finetuning.finetune(classification.ClassificationTask(),
                             config(toy, **{"optimizer.head_learning_rate_scale": -1.0}),
                             tmp_path / "w")
-    mixing = finetuning.register_input_mode(type("Mixing", (finetuning.InputMode,), {
-        "name": "test_mixing", "loss_shapes": ("batch",)})())
+    mixing = type("Mixing", (InputMode,), {"name": "test_mixing", "loss_shapes": ("batch",)})()
+    registry.MODES[mixing.name] = mixing
     try:
         with pytest.raises(ConfigError, match="mixes examples, so per-example clipping"):
             finetuning.finetune(classification.ClassificationTask(), config(toy, **{
                 "privacy.mode": mixing.name, "dp.enabled": True, "dp.noise_multiplier": 1.0}),
                 tmp_path / "w")
     finally:
-        finetuning._MODES.pop(mixing.name)
-    assert finetuning.input_mode_names() == (*input_privacy.MODES, "ome", "texthide")
+        registry.MODES.pop(mixing.name)
+    assert registry.names() == (*input_privacy.MODES, "ome", "texthide")
 
 
 # ----------------------------------------------------------------------------- NER
@@ -390,7 +393,7 @@ def ner_config(toy, tmp_path, **overrides):
 def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, tmp_path):
     from dpbert.tasks import ner
 
-    c = finetuning.resolve_schedule(ner_config(toy, tmp_path), 40)
+    c = schedule.resolve_schedule(ner_config(toy, tmp_path), 40)
     task = ner.NerTask()
     data = task.prepare(c, tmp_path, np.array([1, 2], np.uint32))
     assert data.train.num_examples == 40 and data.unit_definition.startswith("one document")
@@ -398,7 +401,7 @@ def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, t
     n, w, s = batch["input_ids"].shape
     assert (n, s) == (3, 16) and batch["window_mask"].shape == (3, w) and w > 1
     # A document's windows are all there; missing windows carry no label.
-    assert np.all(batch["labels"][batch["window_mask"] == 0] == finetuning.IGNORE_LABEL)
+    assert np.all(batch["labels"][batch["window_mask"] == 0] == release.IGNORE_LABEL)
     assert np.all(batch["window_mask"][:, 0] == 1)
     # Eval: gold tags as the predictions (first piece of each word) give F1 = 1; one wrong
     # entity lowers it.
@@ -406,12 +409,12 @@ def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, t
     pred = np.where(ev["labels"] >= 0, ev["labels"], 0).astype(np.int32)
     mask = np.ones(len(pred), bool)
     out = {"pred": pred, "mask": mask, "loss_sum": 0.0, "token_count": 1.0}
-    perfect = task.eval_metrics([out])
+    perfect = task.eval_metrics([out], data)
     assert perfect["f1"] == 1.0 and perfect["word_accuracy"] == 1.0
     first = np.argwhere(ev["labels"] == data.extra["labels"].index("B-treatment"))[0]
     worse = pred.copy()
     worse[tuple(first)] = data.extra["labels"].index("B-problem")
-    assert task.eval_metrics([dict(out, pred=worse)])["f1"] < 1.0
+    assert task.eval_metrics([dict(out, pred=worse)], data)["f1"] < 1.0
 
 
 @pytest.mark.slow
@@ -447,7 +450,7 @@ def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tm
 def test_ome_releases_randomized_bits_once_and_reports_claimed_and_true_epsilon(toy, tmp_path):
     from dpbert.privacy import ome
 
-    c = finetuning.resolve_schedule(config(toy, **{
+    c = schedule.resolve_schedule(config(toy, **{
         "privacy.mode": "ome", "privacy.epsilon": 1.0, "privacy.ome_lambda": 100.0}), 256)
     task = classification.ClassificationTask()
     key = np.array([7, 8], np.uint32)
@@ -473,13 +476,13 @@ def test_ome_releases_randomized_bits_once_and_reports_claimed_and_true_epsilon(
     assert r["epsilon_claimed"] == 1.0 and r["epsilon_true"] == want["epsilon_true"] > 100
     assert "claimed ε = 1" in r["statement"] and f"{r['epsilon_true']:.6g}" in r["statement"]
     # The calibrated variant's true ε is the requested one.
-    cal = classification.ClassificationTask().prepare(finetuning.resolve_schedule(config(toy, **{
+    cal = classification.ClassificationTask().prepare(schedule.resolve_schedule(config(toy, **{
         "privacy.mode": "ome", "privacy.ome_variant": "calibrated", "privacy.epsilon": 5.0}),
         256), tmp_path, key).extra["input_privacy"]
     assert cal["epsilon_claimed"] == 5.0 and cal["epsilon_true"] == pytest.approx(5.0)
     # The unary-encoding baselines: r x levels one-hot bits, randomized; both ε reported.
     for kind in ("sue", "oue"):
-        c_ue = finetuning.resolve_schedule(config(toy, **{
+        c_ue = schedule.resolve_schedule(config(toy, **{
             "privacy.mode": "ome", "privacy.ome_variant": kind, "privacy.epsilon": 5.0,
             "privacy.ue_levels": 8}), 256)
         ue_data = classification.ClassificationTask().prepare(c_ue, tmp_path, key)
@@ -522,7 +525,7 @@ def _texthide_task(toy, tmp_path, key, **privacy):
             "model.classifier_dropout": 0.0, "privacy.mode": "texthide",
             "privacy.texthide_head": "linear",
             **{f"privacy.{k}": v for k, v in privacy.items()}}
-    c = finetuning.resolve_schedule(config(toy, **over), 256)
+    c = schedule.resolve_schedule(config(toy, **over), 256)
     task = classification.ClassificationTask()
     return task, c, task.prepare(c, tmp_path, key)
 
@@ -537,7 +540,7 @@ def _losses(task, c, data, *, plain: bool):
     batch = {k: v for k, v in data.train.get_batch(np.arange(16), step=0).items()
              if k != "example_id"}
     args = (params, batch, np.ones(16, bool), jax.random.split(jax.random.PRNGKey(3), 16))
-    out = [jax.jit(task.loss(graphdef, c, "batch"))(*args)]
+    out = [jax.jit(task.loss(graphdef, c, "batch", data))(*args)]
     if plain:
         out.append(jax.jit(clipping.batch_loss(task.example_loss(graphdef,
                                                                  deterministic=False)))(*args))
@@ -554,18 +557,18 @@ def test_texthide_m0_k1_is_plain_fine_tuning_and_the_pool_comes_from_the_secret_
     task, c, data = _texthide_task(toy, tmp_path, key, m=8, k=4)
     (mixed, _), = _losses(task, c, data, plain=False)
     assert abs(float(mixed) - float(p_loss)) > 1e-3            # mixing and masks do act
-    pool = task.user_side.pool()
+    pool = data.extra["user_side"].pool()
     assert pool.masks.shape == (8, 32) and set(np.unique(pool.masks)) == {-1.0, 1.0}
-    np.testing.assert_array_equal(pool.masks, task.user_side.pool().masks)
+    np.testing.assert_array_equal(pool.masks, data.extra["user_side"].pool().masks)
     other, _, other_data = _texthide_task(toy, tmp_path, np.array([5, 7], np.uint32), m=8,
                                           k=4, texthide_head="mlp", texthide_head_input_norm="rms")
-    assert not np.array_equal(pool.masks, other.user_side.pool().masks)
+    assert not np.array_equal(pool.masks, other_data.extra["user_side"].pool().masks)
     assert hasattr(other_data.extra["model"].classifier, "head")   # the paper's MLP head
     # the exported settings say how to run the head (texthide_config.json carries the report)
     assert other_data.extra["model"].classifier.head.input_norm == "rms"
-    other_report = other.user_side.report(epochs=1)
+    other_report = other_data.extra["user_side"].report(epochs=1)
     assert other_report["head_input_norm"] == "rms" and "RMS" in other_report["head"]
-    r = task.user_side.report(epochs=1)
+    r = data.extra["user_side"].report(epochs=1)
     assert r["head_input_norm"] == "none"
     assert r["m"] == 8 and r["k"] == 4 and r["epsilon"] is None and "NOT differential" in \
         r["statement"]
