@@ -114,10 +114,17 @@ def run_cli(*args, **kw):
 
 def cli_train_args(workdir, cache_dir, extra=()):
     """launch/train.py flags reproducing `small_config(cache_dir)`."""
-    flat = {**SMALL, "data.cache_dir": str(cache_dir / "instances")}
+    flat = {f"--config.{k}": str(v)
+            for k, v in {**SMALL, "data.cache_dir": str(cache_dir / "instances")}.items()}
+    others = []
+    for flag in extra:  # a test's flag replaces the small config's value: each field given once
+        name, _, value = str(flag).partition("=")
+        if name.startswith("--config."):
+            flat[name] = value
+        else:
+            others.append(flag)
     args = [REPO / "launch" / "train.py", "--config=configs/demo_dp.py", f"--workdir={workdir}"]
-    args += [f"--config.{k}={v}" for k, v in flat.items()]
-    return args + list(extra)
+    return args + [f"{k}={v}" for k, v in flat.items()] + others
 
 
 @pytest.mark.slow
