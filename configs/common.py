@@ -236,6 +236,16 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.eval_batch_size = 64
     # Export WORKDIR/hf (Hugging Face format, privacy model card) at the end.
     c.train.export_hf = True
+    # What trains (dpbert.models.trainable): all | head | top:K (the last K encoder layers and
+    # the head) | bitfit (biases and the head). DP-SGD clips, noises and accounts exactly
+    # these; the rest is frozen and holds no optimizer state.
+    c.train.trainable = "all"
+    # Fine-tuning with head / top:K on a fixed release: compute the frozen prefix (embeddings
+    # and the layers below the trained ones, dropout off) once per split and train only the
+    # top (dpbert.tasks.prefix_cache). Its outputs are private like checkpoints.
+    c.train.prefix_cache = True
+    # Where the prefix outputs are kept ("" = WORKDIR/prefix_cache).
+    c.train.prefix_cache_dir = ""
 
     # ----------------------------------------------------------------------------- checkpoint
     c.checkpoint = ml_collections.ConfigDict()
@@ -457,20 +467,25 @@ def finetune_config() -> ml_collections.ConfigDict:
     c.dp.clipping = "auto"
     c.dp.delta = 1e-5
 
-    c.batch.expected_batch_size = 32
-    c.batch.physical_batch_size = 32
+    # The recipe (dpbert.tasks.recipe) fills what is left unset (None, trainable "auto") from
+    # N and dp.enabled: without DP all parameters, B 32, lr 5e-5, weight decay 0.01, 2 epochs;
+    # with DP the top layer and the head (train.trainable=top:1), B = min(1024, N/4), lr 1e-3,
+    # no weight decay, 10 epochs. A value set here or by a flag is kept.
+    c.train.trainable = "auto"
+    c.batch.expected_batch_size = config_dict.placeholder(int)
+    c.batch.physical_batch_size = config_dict.placeholder(int)
     c.batch.microbatch_size = config_dict.placeholder(int)
 
-    c.optimizer.learning_rate = 5e-5
+    c.optimizer.learning_rate = config_dict.placeholder(float)
     # The task head (freshly initialised) trains at this multiple of the learning rate.
     c.optimizer.head_learning_rate_scale = 1.0
     # Warm-up as a fraction of train.num_steps (None = optimizer.warmup_steps as given).
     c.optimizer.warmup_fraction = 0.1
-    c.optimizer.weight_decay = 0.01
+    c.optimizer.weight_decay = config_dict.placeholder(float)
 
     # Epochs over the training set; > 0 sets train.num_steps = ceil(epochs x N / B) with
-    # B = batch.expected_batch_size (0 = train.num_steps as given).
-    c.train.epochs = 2.0
+    # B = batch.expected_batch_size (0 = train.num_steps as given; None = the recipe's).
+    c.train.epochs = config_dict.placeholder(float)
     c.train.log_every = 20
     c.train.eval_every = 0
     c.train.eval_batches = 0  # the whole held-out split

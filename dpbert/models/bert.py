@@ -347,8 +347,10 @@ class BertEncoder(nnx.Module):
         self.layer = nnx.List([BertLayer(config, rngs=rngs)
                                for _ in range(config.num_hidden_layers)])
 
-    def __call__(self, x, mask_bias, *, deterministic, rngs):
-        for layer in self.layer:
+    def __call__(self, x, mask_bias, *, deterministic, rngs, layers: slice = slice(None)):
+        """Runs layers[`layers`] (all by default; a frozen prefix and the trained top run
+        separately: `BertModel.prefix` / `BertModel.from_prefix`)."""
+        for layer in list(self.layer)[layers]:
             x = layer(x, mask_bias, deterministic=deterministic, rngs=rngs)
         return x
 
@@ -380,13 +382,36 @@ class BertModel(nnx.Module):
         if not deterministic and rngs is None:
             raise ValueError("dropout is on (deterministic=False) but no rngs were given; pass "
                              "rngs=nnx.Rngs(dropout=key)")
-        # Additive key-padding bias, [B, 1, 1, S]; float32 so it is exact in the softmax.
-        mask_bias = jnp.where(input_mask[:, None, None, :] > 0, 0.0,
-                              jnp.finfo(jnp.float32).min).astype(jnp.float32)
+        mask_bias = _mask_bias(input_mask)
         x = self.embeddings(input_ids, segment_ids, deterministic=deterministic, rngs=rngs,
                             word_embeddings=word_embeddings)
         x = self.encoder(x, mask_bias, deterministic=deterministic, rngs=rngs)
         return x, None if self.pooler is None else self.pooler(x)
+
+    def prefix(self, input_ids: jax.Array, segment_ids: jax.Array, input_mask: jax.Array,
+               num_layers: int, *, word_embeddings: jax.Array | None = None) -> jax.Array:
+        """The frozen prefix, dropout off: the embeddings and the first `num_layers` layers ->
+        [B, S, H] (what `from_prefix` continues from; `dpbert.tasks.prefix_cache`)."""
+        x = self.embeddings(input_ids, segment_ids, deterministic=True, rngs=None,
+                            word_embeddings=word_embeddings)
+        return self.encoder(x, _mask_bias(input_mask), deterministic=True, rngs=None,
+                            layers=slice(0, num_layers))
+
+    def from_prefix(self, hidden: jax.Array, input_mask: jax.Array, start_layer: int, *,
+                    deterministic: bool = True, rngs: nnx.Rngs | None = None
+                    ) -> tuple[jax.Array, jax.Array]:
+        """The rest of `__call__` after `prefix(..., start_layer)`: layers start_layer.. and
+        the pooler -> ([B, S, H], [B, H] or None)."""
+        x = self.encoder(hidden.astype(self.config.compute_dtype), _mask_bias(input_mask),
+                         deterministic=deterministic, rngs=rngs,
+                         layers=slice(start_layer, None))
+        return x, None if self.pooler is None else self.pooler(x)
+
+
+def _mask_bias(input_mask: jax.Array) -> jax.Array:
+    """Additive key-padding bias [B, 1, 1, S]; float32 so it is exact in the softmax."""
+    return jnp.where(input_mask[:, None, None, :] > 0, 0.0,
+                     jnp.finfo(jnp.float32).min).astype(jnp.float32)
 
 
 class BertPredictionHeadTransform(nnx.Module):

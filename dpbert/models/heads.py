@@ -92,6 +92,15 @@ class BertForSequenceClassification(nnx.Module):
                               rngs=rngs, word_embeddings=word_embeddings)
         return self.classify(pooled, deterministic=deterministic, rngs=rngs)
 
+    def from_prefix(self, hidden: jax.Array, input_mask: jax.Array, start_layer: int, *,
+                    deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+        """`__call__` continued from the frozen prefix's output (`BertModel.prefix`):
+        [B, S, H] hidden states after `start_layer` layers -> float32 logits [B, C]."""
+        _check_dropout_rngs(deterministic, rngs)
+        _, pooled = self.bert.from_prefix(hidden, input_mask, start_layer,
+                                          deterministic=deterministic, rngs=rngs)
+        return self.classify(pooled, deterministic=deterministic, rngs=rngs)
+
     def sequence_representation(self, input_ids: jax.Array, segment_ids: jax.Array,
                                 input_mask: jax.Array, *, source: str = "pooled") -> jax.Array:
         """s(x), float32 [B, H], dropout off: the pooled output, or (`cls_hidden`) the last

@@ -48,6 +48,7 @@ from data_pipelines import datasets, fileio, tokenization
 from dpbert.dp import plan as plan_lib
 from dpbert.dp import randomness
 from dpbert.errors import ConfigError
+from dpbert.models import trainable as trainable_lib
 from dpbert.reporting import lineage as lineage_lib
 from dpbert.reporting import report as report_lib
 from dpbert.runtime import checkpointing
@@ -119,6 +120,7 @@ class Task(Protocol):
     the loop hands back to the methods that need it."""
 
     name: str
+    model_kind: str  # its head for train.trainable (dpbert.models.trainable.HEADS)
 
     def validate(self, config: ml_collections.ConfigDict) -> None: ...
     def auto_clipping(self, config) -> str: ...  # what dp.clipping="auto" means for this task
@@ -150,6 +152,7 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
     if not config.checkpoint.every_steps >= 0:
         raise ConfigError(f"config.checkpoint.every_steps={config.checkpoint.every_steps!r}: "
                           "must be >= 0")
+    trainable_lib.parse(config.train.trainable)  # K against the layer count once it is known
     if config.dp.get("clipping") == plan_lib.AUTO_CLIPPING:
         # Resolved once, here: config.json, the plan and the report name the clipper used.
         config.dp.clipping = task.auto_clipping(config)
@@ -258,11 +261,18 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
 
     model = task.build_model(config, data)
     run_info = {"task": task.name, **task.run_info(config, model, data)}
-    write_json(workdir / RUN_FILE, run_info)
     transform = task.batch_transform(config, model, data)
-    trainable = task.trainable(config)
+    # What trains: the input mode's filter and train.trainable (dpbert.models.trainable).
+    layers = model.config.num_hidden_layers
+    trainable = trainable_lib.both(task.trainable(config), trainable_lib.parse(
+        config.train.trainable, layers).predicate(task.model_kind, layers))
     graphdef, param_state = nnx.split(model)
     params = nnx.to_pure_dict(param_state)
+    run_info["trainable"] = trainable_lib.describe(config.train.trainable, params, trainable)
+    write_json(workdir / RUN_FILE, run_info)
+    announce(f"training {run_info['trainable']['parameters']:,} of "
+             f"{run_info['trainable']['total_parameters']:,} parameters "
+             f"(train.trainable={config.train.trainable})")
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt_config.total_steps = max(plan.num_steps, opt_config.warmup_steps + 1)
     optimizer = optimizers.make_optimizer(opt_config, params, trainable=trainable)

@@ -43,6 +43,8 @@ class ClassificationTask(finetuning.FineTuningTask):
     model_kind = "sequence_classification"
     # One sequence per example, one label from its sentence vector (the pooled output).
     capabilities = (TOKENS, SENTENCE, ONE_SEQUENCE)
+    # train.trainable head / top:K compute the frozen prefix once (dpbert.tasks.prefix_cache).
+    prefix_cacheable = True
 
     def validate(self, config) -> None:
         finetuning.validate_common(self, config)
@@ -97,8 +99,9 @@ class ClassificationTask(finetuning.FineTuningTask):
 
     # ------------------------------------------------------------------------- loss, eval
 
-    def example_loss(self, graphdef, *, deterministic: bool):
-        return task_losses.make_classification_loss(graphdef, deterministic=deterministic)
+    def example_loss(self, graphdef, *, deterministic: bool, start_layer: int | None = None):
+        return task_losses.make_classification_loss(graphdef, deterministic=deterministic,
+                                                    start_layer=start_layer)
 
     def factored_loss(self, graphdef):
         return task_losses.FactoredClassificationLoss(graphdef)
@@ -106,7 +109,8 @@ class ClassificationTask(finetuning.FineTuningTask):
     def eval_step(self, graphdef, config, data):
         logits_fn = registry.get(config.privacy.mode).eval_logits(graphdef, config, data)
         if logits_fn is None:
-            loss_fn = self.example_loss(graphdef, deterministic=True)
+            loss_fn = self.example_loss(graphdef, deterministic=True,
+                                        start_layer=data.extra.get("prefix_layers"))
 
             def step(params, batch, mask):
                 return task_losses.batch_metric_sums(loss_fn, params, batch, mask)

@@ -36,7 +36,8 @@ from dpbert.errors import ConfigError
 from dpbert.models import bert as model_lib
 from dpbert.models import heads, hf_heads
 from dpbert.runtime import hosts, loop
-from dpbert.tasks import pretraining, release, results, schedule, starting_model
+from dpbert.tasks import (pretraining, prefix_cache, recipe, release, results, schedule,
+                          starting_model)
 from dpbert.tasks.input_modes import registry
 from dpbert.tasks.input_modes.base import CAPABILITIES, ONE_SEQUENCE, TOKENS, InputMode, need
 
@@ -65,6 +66,12 @@ def validate_common(task: FineTuningTask, config) -> InputMode:
          f"task offers {_describe(task.capabilities)})")
     mode.validate(config)
     shape = clipping.get_clipper(config.dp.clipping if config.dp.enabled else "none").loss_shape
+    if shape == "factored" and prefix_cache.applies(config, task):
+        need(False, "dp.clipping", config.dp.clipping,
+             f"with train.trainable={config.train.trainable!r} the frozen prefix is computed "
+             "once (train.prefix_cache) and the ghost clippers differentiate the input "
+             "embeddings below it; use dp.clipping='auto' or 'vmap', or "
+             "train.prefix_cache=False")
     if shape == "factored" and ONE_SEQUENCE not in task.capabilities:
         need(False, "dp.clipping", config.dp.clipping,
              f"the ghost clippers take one sequence per example; a {task.name} example is "
@@ -96,9 +103,12 @@ def finetune(task, config, workdir, *, devices=None) -> dict:
     """Fine-tunes (or resumes) with `task` on the DP loop; writes and returns
     WORKDIR/results.json."""
     started = time.time()
-    loop.validate(task, config)  # config errors before reading any data
+    # Config errors before reading any data (the recipe's batch assumes a large N here) ...
+    loop.validate(task, recipe.resolve(config))
     num_train = task.count_train_examples(config)
-    config = schedule.resolve_schedule(config, num_train)
+    # ... then the recipe for this N (dpbert.tasks.recipe), checked again.
+    config = schedule.resolve_schedule(recipe.resolve(config, num_train), num_train)
+    loop.validate(task, config)
     report = loop.run(task, config, workdir, devices=devices)
     workdir = pathlib.Path(workdir).absolute()
     out = results.collect(task.name, config, workdir, report, num_train=num_train,
@@ -159,7 +169,7 @@ class FineTuningTask:
         factored loss, else vmap."""
         mode = registry.MODES.get(config.privacy.mode)   # an unknown mode is refused by validate
         if ONE_SEQUENCE in self.capabilities and mode is not None and \
-                "factored" in mode.loss_shapes:
+                "factored" in mode.loss_shapes and not prefix_cache.applies(config, self):
             return "mixed_ghost"
         return "vmap"
 
@@ -176,6 +186,10 @@ class FineTuningTask:
         user = registry.get(config.privacy.mode).user_side(config, model, vocab_file)
         train, eval_ = release.release_splits(config, user, loaded.train, loaded.eval, task_key,
                                               num_train=loaded.num_train, groups=loaded.groups)
+        prefix_layers = None
+        if prefix_cache.applies(config, self):
+            train, eval_, prefix_layers = prefix_cache.cached_splits(config, model, train,
+                                                                     eval_, workdir)
         report = user.report(epochs=schedule.epochs_seen(config, loaded.num_train),
                              secret_key=not config.dp.insecure_seeded_noise)
         # The vocabulary's own report (copied beside it into the workdir, if it had one): its
@@ -187,7 +201,7 @@ class FineTuningTask:
             # user_side: what a mode's loss / eval may need (TextHide: the secret pool).
             extra={"model": model, "vocab_file": vocab_file, "labels": loaded.labels,
                    "do_lower_case": tok.do_lower_case, "input_privacy": report,
-                   "user_side": user, **loaded.extra},
+                   "user_side": user, "prefix_layers": prefix_layers, **loaded.extra},
             unit_definition=self.unit_definition(config))
 
     def build_model(self, config, data):
@@ -203,7 +217,8 @@ class FineTuningTask:
         factored = self.factored_loss(graphdef) if shape == "factored" else None
         if factored is not None:
             return factored
-        loss_fn = self.example_loss(graphdef, deterministic=False)
+        loss_fn = self.example_loss(graphdef, deterministic=False,
+                                    start_layer=data.extra.get("prefix_layers"))
         if shape == "batch":
             return clipping.batch_loss(loss_fn)
         if shape != "per_example":

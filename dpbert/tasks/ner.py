@@ -150,7 +150,9 @@ class NerTask(finetuning.FineTuningTask):
 
     # ------------------------------------------------------------------------- loss, eval
 
-    def example_loss(self, graphdef, *, deterministic: bool):
+    def example_loss(self, graphdef, *, deterministic: bool, start_layer: int | None = None):
+        if start_layer is not None:  # prefix_cacheable is False: never cached
+            raise ValueError("the NER task does not run from a cached prefix")
         def loss_fn(params, example, rng):
             model = nnx.merge(graphdef, params)
             rngs = None if deterministic else nnx.Rngs(dropout=rng)

@@ -51,6 +51,7 @@ def _need(config, cond: bool, field: str, why: str) -> None:
 
 class PretrainingTask:
     name = "pretraining"
+    model_kind = "pretraining"  # dpbert.models.trainable.HEADS
 
     def auto_clipping(self, config) -> str:
         """dp.clipping="auto": mixed ghost clipping (ghost norms of the dense kernels and

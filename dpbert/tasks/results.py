@@ -8,7 +8,7 @@ import pathlib
 import time
 
 from dpbert.runtime.saved_run import RUN_FILE
-from dpbert.tasks import schedule
+from dpbert.tasks import recipe, schedule
 
 RESULTS_FILE = "results.json"
 # Fields of an input mode's report that results.json's privacy block repeats at its top level.
@@ -36,7 +36,10 @@ def collect(task_name: str, config, workdir: pathlib.Path, report: dict, *, num_
     return {"task": task_name, **{f"eval_{k}": v for k, v in metrics.items()},
             "num_train_examples": num_train, "num_eval_examples": run["num_eval_examples"],
             "labels": run["labels"], "schedule": schedule.schedule_report(config, num_train),
+            "recipe": recipe.report(config),
             "steps": report["steps"],
+            # What trained (train.trainable): its parameter count is the d of σ·√d / B.
+            "trainable": run.get("trainable"),
             "privacy": {"mode": config.privacy.mode, "eta": eta,
                         **{k: run["input_privacy"][k] for k in REPORTED_FIELDS
                            if k in run["input_privacy"]},

@@ -49,11 +49,16 @@ def _rngs(deterministic: bool, rng: jax.Array) -> nnx.Rngs | None:
 
 
 def classification_logits(model: Any, example: Example, *, deterministic: bool,
-                          rngs: nnx.Rngs | None) -> jax.Array:
+                          rngs: nnx.Rngs | None, start_layer: int | None = None) -> jax.Array:
     """float32 [C] logits of one example of any input mode (see the module docstring)."""
     if "features" in example:        # seq_rep: the head alone, on z̃
         return model.classify(example["features"][None], deterministic=deterministic,
                               rngs=rngs)[0]
+    if "prefix_hidden" in example:   # the frozen prefix's cached output (tasks.prefix_cache)
+        if start_layer is None:
+            raise ValueError("an example with prefix_hidden needs the prefix's layer count")
+        return model.from_prefix(example["prefix_hidden"][None], example["input_mask"][None],
+                                 start_layer, deterministic=deterministic, rngs=rngs)[0]
     batch = jax.tree.map(lambda x: x[None], example)
     return model(batch["input_ids"], batch["segment_ids"], batch["input_mask"],
                  deterministic=deterministic, rngs=rngs,
@@ -69,19 +74,24 @@ def classification_metrics(logits: jax.Array, label: jax.Array) -> tuple[jax.Arr
 
 
 def classification_model_loss(model: Any, example: Example, *, deterministic: bool,
-                              rng: jax.Array) -> tuple[jax.Array, Metrics]:
+                              rng: jax.Array, start_layer: int | None = None
+                              ) -> tuple[jax.Array, Metrics]:
     """Cross-entropy of a `BertForSequenceClassification` module on one example."""
     logits = classification_logits(model, example, deterministic=deterministic,
-                                   rngs=_rngs(deterministic, rng))
+                                   rngs=_rngs(deterministic, rng), start_layer=start_layer)
     return classification_metrics(logits, example["label"])
 
 
-def make_classification_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False) -> LossFn:
-    """Cross-entropy of a `BertForSequenceClassification` on one example (`label` int [])."""
+def make_classification_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False,
+                             start_layer: int | None = None) -> LossFn:
+    """Cross-entropy of a `BertForSequenceClassification` on one example (`label` int []);
+    `start_layer`: examples carry the frozen prefix's output (`prefix_hidden`) after this
+    many encoder layers."""
 
     def loss_fn(params: nnx.State, example: Example, rng: jax.Array):
         return classification_model_loss(nnx.merge(graphdef, params), example,
-                                         deterministic=deterministic, rng=rng)
+                                         deterministic=deterministic, rng=rng,
+                                         start_layer=start_layer)
 
     return loss_fn
 

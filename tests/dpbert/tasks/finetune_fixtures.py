@@ -21,7 +21,8 @@ NEUTRAL = ["the", "a", "movie", "film", "plot", "was", "is", "and", "it", "this"
 VOCAB = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL + ["##s", "##ly", "."]
 
 
-def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32) -> pathlib.Path:
+def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32,
+                    layers: int = 1) -> pathlib.Path:
     from dpbert.models import hf
     from dpbert.models import bert as model_lib
 
@@ -30,7 +31,7 @@ def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32) ->
     vocab = folder.parent / f"{folder.name}.vocab_src.txt"  # the export refuses a non-HF folder
     vocab.write_text("\n".join(VOCAB) + "\n")
     config = model_lib.BertConfig(
-        vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=len(VOCAB), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
         intermediate_size=2 * hidden, max_position_embeddings=64)
     model = model_lib.create_model(config, seed=seed)
     table = np.random.default_rng(seed).normal(size=(len(VOCAB), hidden)).astype(np.float32)

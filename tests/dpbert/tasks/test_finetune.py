@@ -229,7 +229,7 @@ def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     results = finetuning.finetune(classification.ClassificationTask(), config(toy, **{
         "dp.enabled": True, "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
         "dp.delta": 1e-3, "dp.overflow_probability": 1e-3, "batch.physical_batch_size": 32,
-        "batch.microbatch_size": 16, "train.epochs": 1.0}), tmp_path)
+        "batch.microbatch_size": 16, "train.epochs": 1.0, "train.trainable": "all"}), tmp_path)
     report = json.loads((tmp_path / "privacy_report.json").read_text())
     dp = json.loads((tmp_path / "results.json").read_text())["privacy"]["dp_sgd"]
     assert dp == report and report["dp"] and report["private"]

@@ -1,0 +1,87 @@
+"""The fine-tuning recipe: what a field left unset means, with and without DP-SGD.
+
+The fine-tuning configs leave `train.trainable` ("auto"), the batch sizes, the learning rate,
+the weight decay and the epochs unset (None); `resolve` fills them from N (the training
+examples) and from whether DP-SGD is on. A field the user sets is kept as set.
+
+    without DP   all parameters, B = 32, lr 5e-5, weight decay 0.01, 2 epochs (BERT's recipe)
+    with DP      DP_TRAINABLE (the top encoder layer and the head: its prefix is computed once,
+                 dpbert.tasks.prefix_cache), B = min(1024, N / 4) (large batches: the noise
+                 σ·C / B per update shrinks with B while ε at a fixed epoch count barely moves,
+                 Li et al. 2022, De et al. 2022), lr 1e-3 (larger: fewer, cleaner updates),
+                 no weight decay, DP_EPOCHS epochs; σ is calibrated to dp.target_epsilon over
+                 the resulting steps (dpbert.dp.plan)
+
+How the DP values were chosen (docs/finetuning.md, "DP fine-tuning"): on the RT, Amazon and
+tweets DEV splits, never a test split, at ε = 8 (benchmarks/dp_finetune.py). Choosing
+hyper-parameters on private data spends privacy too (Papernot & Steinke 2022): these defaults
+were chosen on public benchmark data, so using them costs nothing; a user who tunes them on
+their own private data should count that search.
+"""
+
+from __future__ import annotations
+
+import copy
+
+AUTO = "auto"
+PLAIN = {"trainable": "all", "expected_batch_size": 32, "physical_batch_size": 32,
+         "learning_rate": 5e-5, "weight_decay": 0.01, "epochs": 2.0}
+DP_TRAINABLE = "top:1"
+DP_MAX_BATCH = 1024
+DP_BATCH_FRACTION = 4        # B = N / 4 at most: at least 4 expected batches per epoch
+DP_PHYSICAL_BATCH = 128
+DP_LEARNING_RATE = 1e-3
+DP_EPOCHS = 10.0
+
+# (config section, field, recipe key): what `resolve` fills when it is None ("auto").
+FIELDS = (("train", "trainable", "trainable"),
+          ("batch", "expected_batch_size", "expected_batch_size"),
+          ("batch", "physical_batch_size", "physical_batch_size"),
+          ("optimizer", "learning_rate", "learning_rate"),
+          ("optimizer", "weight_decay", "weight_decay"),
+          ("train", "epochs", "epochs"))
+
+
+def values(dp: bool, num_train: int | None) -> dict:
+    """The recipe's values; num_train None: before the data is read (B then assumes a
+    large N; `resolve` runs again with the count)."""
+    if not dp:
+        return dict(PLAIN)
+    n = DP_MAX_BATCH * DP_BATCH_FRACTION if num_train is None else int(num_train)
+    batch = max(1, min(DP_MAX_BATCH, n // DP_BATCH_FRACTION))
+    return {"trainable": DP_TRAINABLE, "expected_batch_size": batch,
+            "physical_batch_size": min(DP_PHYSICAL_BATCH, batch),
+            "learning_rate": DP_LEARNING_RATE, "weight_decay": 0.0, "epochs": DP_EPOCHS}
+
+
+def _unset(section, field) -> bool:
+    value = section[field]
+    return value is None or (field == "trainable" and value == AUTO)
+
+
+def resolve(config, num_train: int | None = None):
+    """A copy of `config` with every unset recipe field filled (module docstring); its
+    `recipe` field says which were filled and from what rule."""
+    config = copy.deepcopy(config)
+    chosen = values(bool(config.dp.enabled), num_train)
+    filled = list(config.get("recipe_filled") or ())
+    for section, field, key in FIELDS:
+        node = config[section]
+        if field in node and _unset(node, field):
+            node[field] = chosen[key]
+            filled.append(f"{section}.{field}")
+    with config.unlocked():
+        config.recipe_filled = tuple(filled)   # for results.json (`report`)
+    return config
+
+
+def report(config) -> dict:
+    """results.json's account of the recipe: the fields it filled, and the rule."""
+    return {"filled": {k: config[k.split(".")[0]][k.split(".")[1]]
+                       for k in config.get("recipe_filled") or ()},
+            "rule": ("DP-SGD: train.trainable=%s, B = min(%d, N/%d), lr %g, no weight decay, "
+                     "%g epochs, sigma calibrated to dp.target_epsilon (dpbert.tasks.recipe)"
+                     % (DP_TRAINABLE, DP_MAX_BATCH, DP_BATCH_FRACTION, DP_LEARNING_RATE,
+                        DP_EPOCHS)) if config.dp.enabled else
+            "without DP: all parameters, B = 32, lr 5e-5, weight decay 0.01, 2 epochs"}
+

@@ -1,0 +1,223 @@
+"""train.trainable (issue 31): what trains is a config choice; DP-SGD clips, noises and accounts
+exactly the trainable parameters; a frozen parameter never moves; the frozen prefix of head /
+top:K is computed once, equals the full forward, and its cache follows data, checkpoint and
+prefix."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file
+
+from dpbert.dp import clipping, trees
+from dpbert.errors import ConfigError
+from dpbert.models import bert as model_lib
+from dpbert.models import heads, hf
+from dpbert.models import trainable as trainable_lib
+from dpbert.tasks import classification, finetuning, prefix_cache, release, task_losses
+from tests.dpbert.tasks import finetune_fixtures as fx
+from tests.dpbert.tasks.test_finetune import config, final_params, leaves
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("toy2")
+    train, eval_ = fx.sentiment_tsvs(root / "data")
+    return {"ckpt": fx.tiny_checkpoint(root / "ckpt", layers=2), "train": train, "eval": eval_}
+
+
+def tiny_classifier(layers=2, seed=0):
+    cfg = model_lib.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=layers,
+                               num_attention_heads=2, intermediate_size=32,
+                               max_position_embeddings=16)
+    return heads.BertForSequenceClassification(cfg, ("neg", "pos"), rngs=nnx.Rngs(seed))
+
+
+def trained_paths(spec, model_kind="sequence_classification", layers=2):
+    model = tiny_classifier(layers) if model_kind != "pretraining" else model_lib.create_model(
+        tiny_classifier(layers).config)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    mask = trees.resolve_trainable_mask(
+        params, trainable_lib.parse(spec, layers).predicate(model_kind, layers))
+    return {"/".join(trees.path_names(p)) for p, t in
+            jax.tree_util.tree_flatten_with_path(mask)[0] if t}
+
+
+def test_each_choice_trains_the_named_parameters():
+    head = {"classifier/kernel", "classifier/bias", "bert/pooler/dense/kernel",
+            "bert/pooler/dense/bias"}
+    assert trained_paths("head") == head
+    top1 = trained_paths("top:1")
+    assert head < top1 and all(p.startswith("bert/encoder/layer/1/") for p in top1 - head)
+    assert len(top1 - head) == 16  # q, k, v, attention out, LN, intermediate, out, LN
+    assert trained_paths("top:2") - trained_paths("top:1") == {
+        p.replace("/1/", "/0/") for p in top1 - head}
+    bitfit = trained_paths("bitfit")
+    assert head < bitfit and all(p.endswith("bias") for p in bitfit - head)
+    assert "bert/embeddings/LayerNorm/bias" in bitfit
+    assert trained_paths("all") == trained_paths("top:2") | {
+        p for p in trained_paths("all") if p.startswith("bert/embeddings")}
+    pre_head = trained_paths("head", "pretraining")
+    assert pre_head and all(p.startswith("cls/") for p in pre_head)
+    assert not any("word_embeddings" in p for p in pre_head)  # the tied decoder stays frozen
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("lora:8", "must be one of all, head, top:K"), ("top:0", "K must be in 1..2"),
+    ("top:3", "the model has 2 layers"), ("top:x", "must be one of")])
+def test_a_wrong_choice_is_one_error_naming_the_field(spec, match):
+    with pytest.raises(ConfigError, match=r"config\.train\.trainable=.*" + match):
+        trainable_lib.parse(spec, 2)
+
+
+def test_the_clipped_sum_over_the_trainable_subset_equals_a_brute_force_loop():
+    model = tiny_classifier()
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    predicate = trainable_lib.parse("top:1", 2).predicate("sequence_classification", 2)
+    loss_fn = task_losses.make_classification_loss(graphdef, deterministic=True)
+    rng = np.random.default_rng(0)
+    n, s = 6, 8
+    batch = {"input_ids": jnp.asarray(rng.integers(5, 40, (n, s)), jnp.int32),
+             "segment_ids": jnp.zeros((n, s), jnp.int32),
+             "input_mask": jnp.ones((n, s), jnp.int32),
+             "label": jnp.asarray(rng.integers(0, 2, n), jnp.int32)}
+    mask = jnp.ones(n, bool)
+    clip = 0.05  # below every per-example norm: every example is clipped
+    clipper = clipping.VmapClipper(clip, microbatch_size=3, trainable=predicate)
+    got, _, _ = clipper.clipped_sum(loss_fn, params, batch, mask, jax.random.key(0))
+    flags = trees.resolve_trainable_mask(params, predicate)
+    want = jax.tree.map(lambda x: np.zeros(x.shape, np.float64), params)
+    grad = jax.jit(jax.grad(lambda p, example: loss_fn(p, example, jax.random.key(0))[0]))
+    for i in range(n):   # one example at a time: no vmap, no clipper code
+        g = grad(params, jax.tree.map(lambda x: x[i], batch))
+        g = jax.tree.map(lambda x, t: np.asarray(x, np.float64) * t, g, flags)
+        norm = np.sqrt(sum(np.sum(x ** 2) for x in jax.tree.leaves(g)))
+        assert norm > clip
+        want = jax.tree.map(lambda w, x: w + x * min(1.0, clip / norm), want, g)
+    for (path, a), b, t in zip(jax.tree_util.tree_flatten_with_path(got)[0],
+                               jax.tree.leaves(want), jax.tree.leaves(flags)):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=2e-4, atol=1e-7,
+                                   err_msg=trees.path_string(path))
+        if not t:
+            assert not np.any(np.asarray(a)), trees.path_string(path)
+
+
+def test_the_cached_prefix_continues_exactly_where_the_full_forward_goes():
+    model = tiny_classifier()
+    rng = np.random.default_rng(1)
+    ids = jnp.asarray(rng.integers(5, 40, (4, 10)), jnp.int32)
+    seg = jnp.zeros_like(ids)
+    mask = jnp.asarray(np.arange(10)[None, :] < np.array([[10], [7], [3], [9]]), jnp.int32)
+    full = model(ids, seg, mask)
+    for layers in (0, 1, 2):
+        hidden = model.bert.prefix(ids, seg, mask, layers)
+        np.testing.assert_allclose(model.from_prefix(hidden, mask, layers), full, rtol=1e-5,
+                                   atol=1e-6)
+        # what the cache stores (float16) moves the logits far less than DP's noise
+        np.testing.assert_allclose(
+            model.from_prefix(hidden.astype(jnp.float16), mask, layers), full, atol=5e-3)
+
+
+class _Release:
+    def __init__(self, arrays):
+        self.arrays, self.vectors = arrays, None
+
+    def batch(self, idx):
+        return {k: v[np.asarray(idx)] for k, v in self.arrays.items()}
+
+
+def _split(ids):
+    arrays = {"input_ids": ids, "segment_ids": np.zeros_like(ids),
+              "input_mask": np.ones_like(ids), "label": np.zeros(len(ids), np.int32)}
+    return release.ReleasedSplit(_Release(arrays), num_examples=len(ids), content="x")
+
+
+def test_the_prefix_cache_is_reused_and_invalidated_by_data_checkpoint_and_prefix(tmp_path):
+    ids = np.random.default_rng(2).integers(5, 40, (5, 10)).astype(np.int32)
+    model = tiny_classifier()
+
+    def files():
+        return {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("train-*.npy")}
+
+    first = prefix_cache.cached_split(_split(ids), model, 1, tmp_path, "train", own_folder=True)
+    before = files()
+    batch = first.get_batch(np.array([3, 1]), step=0)
+    assert set(batch) == {"prefix_hidden", "input_mask", "label"}
+    np.testing.assert_allclose(batch["prefix_hidden"], model.bert.prefix(
+        jnp.asarray(ids[[3, 1]]), jnp.zeros((2, 10), jnp.int32), jnp.ones((2, 10), jnp.int32),
+        1), atol=5e-3)
+    prefix_cache.cached_split(_split(ids), model, 1, tmp_path, "train", own_folder=True)
+    assert files() == before  # same data, checkpoint and prefix: reused, not recomputed
+    changed_data = ids.copy()
+    changed_data[0, 0] = 6 if ids[0, 0] != 6 else 7
+    for split, m, layers in ((_split(changed_data), model, 1),        # the data
+                             (_split(ids), tiny_classifier(seed=1), 1),  # the checkpoint
+                             (_split(ids), model, 2)):                # the prefix
+        prefix_cache.cached_split(split, m, layers, tmp_path, "train", own_folder=True)
+        now = files()
+        assert len(now) == 1 and now.keys() != before.keys()  # a new key; the stale one gone
+        before = now
+    # Only the prefix's own parameters count: a new head keeps the cache.
+    other_head = tiny_classifier()
+    other_head.classifier.kernel.set_value(other_head.classifier.kernel[...] + 1.0)
+    prefix_cache.cached_split(_split(ids), other_head, 2, tmp_path, "train", own_folder=True)
+    assert files() == before
+
+
+@pytest.mark.slow
+def test_dp_top_k_never_moves_a_frozen_parameter_and_names_what_trained(toy, tmp_path):
+    results = finetuning.finetune(classification.ClassificationTask(), config(toy, **{
+        "model.init_from_hf": str(toy["ckpt"]), "train.trainable": "top:1",
+        "dp.enabled": True, "dp.noise_multiplier": 5.0, "dp.target_epsilon": None,
+        "dp.delta": 1e-3, "dp.overflow_probability": 1e-3, "train.epochs": 1.0}), tmp_path)
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    flat = leaves(final_params(tmp_path)[0])
+    moved = set()
+    for k, v in flat.items():
+        if k[0] == "bert" and not (k[:4] == ("bert", "encoder", "layer", "1") or
+                                   k[:2] == ("bert", "pooler")):
+            np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]),
+                                          err_msg=str(k))   # frozen: bitwise, no noise
+        elif k[0] == "bert" and not np.array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)])):
+            moved.add(k[:4])
+    assert ("bert", "encoder", "layer", "1") in moved
+    run = json.loads((tmp_path / "run.json").read_text())["trainable"]
+    assert results["trainable"] == run and run["spec"] == "top:1"
+    assert 0 < run["parameters"] < run["total_parameters"]
+    assert set(run["groups"]) == {"bert/encoder/layer/1", "bert/pooler/dense", "classifier"}
+    assert sorted((tmp_path / "prefix_cache").glob("*.npy"))  # computed once, kept
+    assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "vmap"
+
+
+def test_the_ghost_clippers_are_refused_where_the_prefix_is_cached(toy, tmp_path):
+    with pytest.raises(ConfigError, match="dp.clipping='mixed_ghost'.*frozen prefix"):
+        finetuning.finetune(classification.ClassificationTask(), config(toy, **{
+            "model.init_from_hf": str(toy["ckpt"]), "train.trainable": "head",
+            "dp.enabled": True, "dp.clipping": "mixed_ghost", "dp.noise_multiplier": 1.0}),
+            tmp_path / "w")
+
+
+def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
+    from configs import finetune_classification
+    from dpbert.tasks import recipe
+
+    c = finetune_classification.get_config()
+    plain = recipe.resolve(c, 8454)
+    assert (plain.train.trainable, plain.batch.expected_batch_size, plain.train.epochs,
+            plain.optimizer.learning_rate) == ("all", 32, 2.0, 5e-5)
+    c.dp.enabled = True
+    dp = recipe.resolve(c, 8454)
+    assert (dp.train.trainable, dp.batch.expected_batch_size, dp.batch.physical_batch_size,
+            dp.optimizer.weight_decay, dp.train.epochs) == ("top:1", 1024, 128, 0.0, 10.0)
+    assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
+    c.train.trainable, c.batch.expected_batch_size = "bitfit", 64     # what the user set stays
+    mine = recipe.resolve(c, 8454)
+    assert (mine.train.trainable, mine.batch.expected_batch_size) == ("bitfit", 64)
+    assert set(recipe.report(mine)["filled"]) == {
+        "batch.physical_batch_size", "optimizer.learning_rate", "optimizer.weight_decay",
+        "train.epochs"}
+    assert c.train.trainable == "bitfit" and c.train.epochs is None  # the input is not changed
