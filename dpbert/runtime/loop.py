@@ -254,6 +254,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     logging.info("plan: %s", plan)
     vocab_part = _vocabulary_part(config, data, plan)
     _check_total_delta(config, plan, vocab_part, lineage, workdir)
+    _say_unused_unit_slots(plan)
     # Written once the run is known to go ahead (a refused rerun leaves it as it was).
     write_json(workdir / CONFIG_FILE, config_dict)
 
@@ -422,6 +423,35 @@ def _check_total_delta(config, plan, vocab_part: dict, lineage, workdir: pathlib
         "allows releasing a random record in the clear), though the headline would state it "
         f"as a guarantee. Use {smaller}, {unit_fix}, or a public vocabulary (config.vocab.file "
         "= a vocab.txt not built from this corpus, e.g. a released BERT's)")
+
+
+def _say_unused_unit_slots(plan) -> None:
+    """A warning (before the compile) when dp.max_examples_per_unit (K) exceeds the sequence
+    count of every unit: K then truncates nothing, and slots no unit fills are padding that
+    the [units, K] batches still carry through the model (memory and compute).
+
+    Said, not refused, and the count is not printed. The largest unit's sequence count is an
+    exact statistic of the private corpus (docs/threat_model.md: N is the one count released).
+    A refusal would make whether a model exists at all depend on the largest unit (removing it
+    can turn a refused K into an accepted one: a difference no epsilon covers), and the K of a
+    run that went ahead, printed in the public report and card, would tell a lower bound on that
+    count. The warning reaches only the operator's console, which already holds exact training
+    metrics. The batches and the guarantee are those of any K at or above the largest count,
+    so nothing is misstated: only the cost is wasted."""
+    if not plan.per_unit:
+        return
+    sizes = getattr(plan.sampler, "unit_sizes", None)
+    if sizes is None or plan.max_examples_per_unit <= int(np.max(sizes)):
+        return
+    announce(
+        f"WARNING: config.dp.max_examples_per_unit={plan.max_examples_per_unit} is larger than "
+        f"the number of training sequences of every {plan.privacy_unit} of this corpus: it "
+        "truncates no unit, and the slots no unit fills are padding that every batch still "
+        "runs through the model (memory and compute). A smaller value samples the same "
+        "sequences, with the same guarantee, at less cost. The largest unit's count is an "
+        "exact statistic of the private corpus and is not printed (the workdir's "
+        "privacy_report.json, which is not for sharing, holds it under "
+        "units.examples_per_unit).")
 
 
 def _row_loader(plan, dataset) -> Callable:

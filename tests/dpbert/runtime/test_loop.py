@@ -5,6 +5,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import signal
 import sys
@@ -152,6 +153,28 @@ def test_the_total_delta_counts_the_starting_models_vocabularies():
         vocabularies=({**theirs, "delta": 5e-4},), voids=None), None)
     loop._check_total_delta(config, types.SimpleNamespace(**{**vars(plan), "ledger": None}),
                             own, lineage, None)
+
+
+def test_a_k_above_every_units_count_is_said_without_the_count(cache_dir, tmp_path, monkeypatch,
+                                                              capsys):
+    """dp.max_examples_per_unit above every unit's sequence count: a warning before the
+    compile (loop._say_unused_unit_slots says why it is not refused), no count printed; the
+    default K (8 here, below the largest note's count) says nothing."""
+    monkeypatch.setattr(pretraining.PretrainingTask, "build_model", _stop_at_the_model)
+    said = {}
+    for k in (1000, 8):
+        with pytest.raises(_ReachedTheModel):
+            pretraining.train_and_evaluate(small_config(cache_dir, **{
+                "dp.privacy_unit": "note", "dp.max_examples_per_unit": k}), tmp_path / str(k))
+        said[k] = [ln for ln in capsys.readouterr().out.splitlines()
+                   if "max_examples_per_unit" in ln]
+    assert said[8] == []
+    [line] = said[1000]
+    assert line.startswith("WARNING: config.dp.max_examples_per_unit=1000 is larger than the "
+                           "number of training sequences of every note of this corpus")
+    assert "is not printed" in line
+    # No number but K itself: the largest note's count is private.
+    assert re.findall(r"\d+", line) == ["1000"]
 
 
 def test_a_second_process_in_the_same_workdir_is_refused(cache_dir, tmp_path):
