@@ -86,8 +86,9 @@ class PretrainingTask:
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
         if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
-            _need(config, config.vocab.size >= floor, "vocab.size",
-                  f"must be >= {floor} (the special tokens and the public alphabet)")
+            _need(config, config.vocab.size >= floor, "vocab.size", "must be >= the " +
+                  dp_vocab.vocab_size_floor(config.data.do_lower_case,
+                                            lower_case_field="data.do_lower_case"))
         _need(config, not config.dp.enabled or config.dp.clipping != "mixed_ghost"
               or config.dp.privacy_unit == "example", "dp.clipping",
               f"mixed_ghost clips one example (its dense-layer taps and position-table identity "

@@ -308,6 +308,8 @@ def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
     ({"dp.clip_norm": 0.0}, "clip_norm"),
     ({"dp.clipping": "ghost"}, r"config.dp.clipping='ghost': must be one of"),
+    ({"data.do_lower_case": False}, r"config.vocab.size=1000: must be >= the 1382 tokens: "
+                                    r".* alphabet of CASED text: data.do_lower_case=False"),
     ({"dp.clipping": "mixed_ghost", "dp.privacy_unit": "note"},
      r"config.dp.clipping='mixed_ghost': mixed_ghost clips one example"),
 ])
