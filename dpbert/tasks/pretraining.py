@@ -280,12 +280,14 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
         path = pathlib.Path(config.vocab.file)
         if not path.is_file():
             raise ConfigError(f"config.vocab.file={config.vocab.file!r}: file not found")
+        _check_vocab_file(path, f"config.vocab.file={config.vocab.file!r}")
         return str(path), read_vocab_report(path), "file"
     if config.model.init_from_hf:
         path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
         if not path.is_file():
             raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
                               "vocab.txt; set config.vocab.file")
+        _check_vocab_file(path, f"config.model.init_from_hf={config.model.init_from_hf!r}")
         return str(path), read_vocab_report(path), "checkpoint"
     out = workdir / "vocab"
     if not (out / "vocab.txt").is_file():
@@ -313,6 +315,16 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
         hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
+
+
+def _check_vocab_file(path: pathlib.Path, field: str) -> None:
+    """The user's vocab.txt is read (special tokens, duplicates) before it is copied into
+    WORKDIR/vocab: a problem names the user's file, and no broken copy is kept that a rerun
+    with the file fixed would find different ("use a fresh --workdir")."""
+    try:
+        tokenization.load_vocab(path)
+    except ValueError as e:
+        raise ConfigError(f"{field}: {e}") from None
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int

@@ -318,6 +318,22 @@ def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, m
         train.train_and_evaluate(small_config(cache_dir, **overrides), tmp_path / "bad")
 
 
+def test_a_vocab_file_without_special_tokens_names_the_users_file(cache_dir, tmp_path):
+    """Issue 35: the message named the workdir's copy (WORKDIR/vocab/vocab.txt), and that
+    broken copy then made a rerun with the file fixed fail ("differs from the vocabulary this
+    run started with")."""
+    vocab = tmp_path / "my_vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\nworld\n")
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        train.train_and_evaluate(small_config(cache_dir, **{"vocab.file": str(vocab)}), workdir)
+    assert str(e.value) == (
+        f"config.vocab.file={str(vocab)!r}: vocab file {vocab} lacks the special token(s) "
+        "['[MASK]'] (a BERT vocab.txt has each of [PAD], [UNK], [CLS], [SEP], [MASK] on a line "
+        "of its own)")
+    assert not (workdir / "vocab").exists()
+
+
 def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
     proc = run_cli(REPO / "launch" / "train.py", "--config=configs/demo_dp.py",
                    f"--workdir={tmp_path}", "--config.dp.noise_multiplierr=2.0")
