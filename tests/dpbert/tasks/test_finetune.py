@@ -334,11 +334,20 @@ def test_refused_configurations(toy, tmp_path):
         ({"privacy.mode": "ome", "privacy.ome_variant": "sue", "privacy.ue_levels": 1},
          "privacy.ue_levels"),
         ({"privacy.mode": "ome", "privacy.fresh_noise_each_epoch": True}, "fresh noise"),
+        # The field the user set (dp.enabled), not dp.clipping='vmap' that "auto" became.
         ({"privacy.mode": "texthide", "dp.enabled": True, "dp.noise_multiplier": 1.0},
-         "mixes examples, so per-example clipping"),
+         r"^config\.dp\.enabled=True: privacy\.mode='texthide': its loss mixes examples, so "
+         r"per-example clipping"),
+        ({"privacy.mode": "texthide", "dp.enabled": True, "dp.clipping": "ghost_embedding",
+          "dp.noise_multiplier": 1.0}, r"^config\.dp\.enabled=True: privacy\.mode='texthide'"),
         ({"privacy.mode": "texthide", "privacy.k": 0}, "k must be a positive integer"),
         ({"privacy.mode": "texthide", "privacy.variant": "inter"}, "privacy.public_file"),
-        ({"privacy.mode": "texthide", "privacy.k": 32}, "mixes k = 32 examples"),
+        ({"privacy.mode": "texthide", "privacy.k": 32},
+         r"^config\.privacy\.k=32: larger than config\.batch\.physical_batch_size=16, "),
+        # The loss (the mixing) sees one microbatch: k above it was accepted.
+        ({"privacy.mode": "texthide", "privacy.k": 8, "batch.microbatch_size": 4},
+         r"^config\.privacy\.k=8: larger than config\.batch\.microbatch_size=4, the examples "
+         r"one call of the loss sees"),
         ({"privacy.mode": "texthide", "privacy.texthide_head_input_norm": "layer"},
          "privacy.texthide_head_input_norm='layer': must be one of"),
         ({"privacy.mode": "texthide", "privacy.texthide_head_init": 0.0},
