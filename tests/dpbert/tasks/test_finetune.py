@@ -426,6 +426,24 @@ def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, t
     assert task.eval_metrics([dict(out, pred=worse)], data)["f1"] < 1.0
 
 
+def test_a_ner_training_file_of_one_document_is_refused_before_work(toy, tmp_path):
+    """A CoNLL file without -DOCSTART- is one document: it cannot be split into folds nor
+    batched. The refusal says why (was, without an eval file: "1 documents cannot be split into
+    5 folds", and with one: a run on one document), before anything is written."""
+    from dpbert.tasks import ner  # noqa: PLC0415
+
+    one = tmp_path / "one.conll"
+    one.write_text("The O\npatient O\nsaw O\n\nHe O\nleft O\n")
+    for eval_file in ("", str(fx.ner_conll(tmp_path / "test.conll", 10, seed=2))):
+        workdir = tmp_path / f"w{len(eval_file)}"
+        with pytest.raises(ValueError, match=(
+                rf"^{one}: no -DOCSTART- line, so the whole file \(2 sentences\) is ONE "
+                r"document: .*; at least 2 documents are needed, 1 found$")):
+            finetuning.finetune(ner.NerTask(), ner_config(toy, tmp_path, **{
+                "data.train": str(one), "data.eval": eval_file}), workdir)
+        assert not workdir.exists()
+
+
 @pytest.mark.slow
 def test_auto_clipping_takes_the_ghost_loss_where_examples_feed_the_encoder(toy, tmp_path):
     from dpbert.tasks import ner  # noqa: PLC0415
