@@ -377,6 +377,29 @@ def test_refused_configurations(toy, tmp_path):
     assert registry.names() == (*input_privacy.MODES, "ome", "texthide")
 
 
+def test_a_label_problem_is_found_before_any_work(toy, tmp_path):
+    """The label map is built by count_train_examples, before the loop makes the workdir: a
+    number written two ways, a single label, an eval file with other labels (was: found by
+    load, after .lock, checkpoints/ and the vocabulary copy were written)."""
+    rows = (tmp_path / "rows.tsv")
+    rows.write_text("".join(f"{label}\tsome words here\n" for label in ("0", "1") * 10))
+    two_ways = tmp_path / "two_ways.tsv"
+    two_ways.write_text(rows.read_text() + "1.0\tother words\n")
+    one = tmp_path / "one.tsv"
+    one.write_text("".join("1\tsome words\n" for _ in range(20)))
+    cases = [({"data.train": str(two_ways)}, "numeric labels written two ways: lines 2 and 21"),
+             ({"data.train": str(one)}, "only one label"),
+             ({"data.train": str(rows), "data.labels": ("0", "1", "2")},
+              "has no row with the given label"),
+             ({"data.eval": str(one)}, "the label sets differ")]
+    for overrides, match in cases:
+        workdir = tmp_path / "w"
+        with pytest.raises(clf_data.DataError, match=match):
+            finetuning.finetune(classification.ClassificationTask(),
+                                config(toy, **overrides), workdir)
+        assert not workdir.exists(), overrides
+
+
 # ----------------------------------------------------------------------------- NER
 
 
