@@ -454,21 +454,13 @@ class ClassificationData:
     eval_overlap: int = 0   # eval rows whose text is also in the training file
 
 
-def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
-                    tokenizer: tokenization.WordPieceTokenizer, *, max_seq_len: int = 128,
-                    labels: Sequence[str] | None = None, header: bool | None = None
-                    ) -> ClassificationData:
-    """Reads, checks and encodes a train and an eval file.
-
-    `labels` fixes the label order (class ids); by default the training file's labels, numeric
-    ones in numeric order. The eval file must use the same label set and the same layout
-    (single sentence or pair) as the training file, and must not be the training file
-    (`check_eval_file`); eval rows whose text is also in the training file are counted
-    (`eval_overlap`, a WARNING). `header`: see `read_tsv`.
-    """
-    check_eval_file(train_path, eval_path)
-    train_rows = read_tsv(train_path, header=header)
-    eval_rows = read_tsv(eval_path, header=header)
+def label_map_of(train_rows: Sequence[TsvRow], eval_rows: Sequence[TsvRow],
+                 train_path: str | os.PathLike, eval_path: str | os.PathLike,
+                 labels: Sequence[str] | None = None) -> LabelMap:
+    """The label map of a train and an eval file (`load_train_eval`'s `labels`), checked:
+    given labels without duplicates and covering every training row; at least two labels;
+    the eval file with exactly the training labels. A `DataError` otherwise. Cheap (no
+    tokenizer): fine-tuning calls it before any work (`ClassificationTask.count_train_examples`)."""
     if labels is not None:
         label_map = LabelMap(tuple(str(x) for x in labels), declared=True)
         if len(set(label_map.names)) != len(label_map):
@@ -486,6 +478,25 @@ def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
         raise DataError(f"{train_path}: only one label {shown}; classification needs at "
                         "least two")
     check_label_sets(label_map, eval_rows, train_path, eval_path, train_rows)
+    return label_map
+
+
+def load_train_eval(train_path: str | os.PathLike, eval_path: str | os.PathLike,
+                    tokenizer: tokenization.WordPieceTokenizer, *, max_seq_len: int = 128,
+                    labels: Sequence[str] | None = None, header: bool | None = None
+                    ) -> ClassificationData:
+    """Reads, checks and encodes a train and an eval file.
+
+    `labels` fixes the label order (class ids); by default the training file's labels, numeric
+    ones in numeric order. The eval file must use the same label set and the same layout
+    (single sentence or pair) as the training file, and must not be the training file
+    (`check_eval_file`); eval rows whose text is also in the training file are counted
+    (`eval_overlap`, a WARNING). `header`: see `read_tsv`.
+    """
+    check_eval_file(train_path, eval_path)
+    train_rows = read_tsv(train_path, header=header)
+    eval_rows = read_tsv(eval_path, header=header)
+    label_map = label_map_of(train_rows, eval_rows, train_path, eval_path, labels)
     pair = train_rows[0].text_b is not None
     if (eval_rows[0].text_b is not None) != pair:
         raise DataError(f"{eval_path}: {'pairs' if not pair else 'single sentences'} but "

@@ -124,7 +124,7 @@ from data_pipelines.vocab_privacy import (  # noqa: F401 - dp_vocab's public API
     laplace_composition_epsilon, noisy_threshold, privacy_from_report)
 from data_pipelines.wordpiece import (  # noqa: F401 - dp_vocab's public API
     DEFAULT_NUM_UNUSED, WordSplitter, learn_wordpiece, min_vocab_size, public_alphabet,
-    special_tokens)
+    special_tokens, vocab_size_floor)
 
 FORMATS = ("text", "noteevents")
 # What one example (record) of the vocabulary is (module doc): `dpbert.core.units`' records.
@@ -437,8 +437,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
             f"or raise --max_words_per_example")
     floor = min_vocab_size(do_lower_case, num_unused)
     if vocab_size < floor:
-        raise VocabError(f"vocab_size={vocab_size} is below the {floor} tokens of the "
-                         f"special tokens ({num_unused} unused) and the public alphabet")
+        raise VocabError(f"vocab_size={vocab_size} is below the "
+                         f"{vocab_size_floor(do_lower_case, num_unused)}")
     out = pathlib.Path(out_dir)
     _check_writable_dir(out)
     paths = (out / "vocab.txt", out / "vocab_privacy.json", out / "word_counts.tsv")

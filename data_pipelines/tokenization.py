@@ -66,7 +66,9 @@ def load_vocab(vocab_file: str | os.PathLike) -> list[str]:
         seen[tok] = i
     missing = [t for t in SPECIAL_TOKENS if t not in seen]
     if missing:
-        raise ValueError(f"vocab file {path} lacks the special token(s) {missing}")
+        raise ValueError(f"vocab file {path} lacks the special token(s) {missing} (a BERT "
+                         f"vocab.txt has each of {', '.join(SPECIAL_TOKENS)} on a line of its "
+                         "own)")
     return tokens
 
 

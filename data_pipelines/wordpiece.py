@@ -96,6 +96,22 @@ def min_vocab_size(do_lower_case: bool = True,
     return len(special_tokens(num_unused)) + len(initial) + len(inside)
 
 
+def vocab_size_floor(do_lower_case: bool = True, num_unused: int = DEFAULT_NUM_UNUSED, *,
+                     lower_case_field: str = "do_lower_case") -> str:
+    """Why no vocabulary is smaller than `min_vocab_size`, in words, for a message about a
+    vocabulary size below it: the tokens it takes, and, for cased text, that the cased
+    alphabet is why (`lower_case_field`: how the caller's user spells the setting)."""
+    floor = min_vocab_size(do_lower_case, num_unused)
+    text = (f"{floor} tokens: the special tokens ({num_unused} unused) and the public "
+            "alphabet")
+    if do_lower_case:
+        return text
+    uncased = min_vocab_size(True, num_unused)
+    return (f"{text} of CASED text: {lower_case_field}=False keeps upper- and lower-case letters "
+            f"(and accented ones) apart, {floor - uncased} more tokens than the {uncased} of "
+            f"uncased text ({lower_case_field}=True)")
+
+
 def _training_items(word_counts: Mapping[str, float], max_words: int,
                     batch_words: int = 1_000_000) -> Iterator[str]:
     """Strings that hold each word as many times as its (rounded, scaled) count.
@@ -158,8 +174,8 @@ def learn_wordpiece(word_counts: Mapping[str, float], vocab_size: int,
     """
     floor = min_vocab_size(do_lower_case, num_unused)
     if vocab_size < floor:
-        raise VocabError(f"vocab_size={vocab_size} is below the {floor} tokens of the "
-                         f"special tokens ({num_unused} unused) and the public alphabet")
+        raise VocabError(f"vocab_size={vocab_size} is below the "
+                         f"{vocab_size_floor(do_lower_case, num_unused)}")
     initial, inside = public_alphabet(do_lower_case)
     tokens = special_tokens(num_unused) + list(initial) + list(inside)
     seen = set(tokens)

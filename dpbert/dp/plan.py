@@ -187,6 +187,19 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
       "must be True or False")
 
 
+def counted(privacy_unit: str, per_unit: bool) -> str:
+    """What the plan's N counts, in words: "training examples" or "notes (privacy units)"."""
+    return f"{privacy_unit}s (privacy units)" if per_unit else "training examples"
+
+
+def delta_bound(num_examples: int, what: str) -> str:
+    """The bound every delta a run claims must stay under, in words ("< 1/N = 0.00133 for the
+    N=754 training examples"): a larger delta allows releasing a random record in the clear.
+    dp.delta alone is checked against it here, the run's total (vocabularies + dp.delta) by
+    `dpbert.runtime.loop`."""
+    return f"< 1/N = {1.0 / num_examples:.3g} for the N={num_examples} {what}"
+
+
 def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *,
               num_steps: int, num_examples: int, num_shards: int, sampler_seed: int,
               saved_ledger: list | None = None, start_step: int = 0,
@@ -199,7 +212,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
     into every epsilon and into the budget of dp.target_epsilon."""
     b = batch
     per_unit = dp.enabled and privacy_units.get(dp.privacy_unit).per_unit
-    what = "training examples"
+    what = counted(dp.privacy_unit, per_unit)
     if per_unit:
         if unit_ids is None:
             raise ConfigError(f"config.dp.privacy_unit={dp.privacy_unit!r}: the task gives no "
@@ -208,7 +221,6 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
             raise ValueError(f"unit_ids has {len(unit_ids)} entries for {num_examples} "
                              "training examples")
         num_examples = int(max(unit_ids)) + 1
-        what = f"{dp.privacy_unit}s (privacy units)"
     if b.physical_batch_size % num_shards:
         raise ConfigError(
             f"config.batch.physical_batch_size={b.physical_batch_size} is not divisible by the "
@@ -228,8 +240,7 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                       float(b.physical_batch_size), b.physical_batch_size, b.microbatch_size, 1,
                       num_steps, None, sampler, None)
     if dp.delta >= 1.0 / num_examples:
-        raise ConfigError(f"config.dp.delta={dp.delta} must be < 1/N = {1.0 / num_examples:.3g} "
-                          f"for the N={num_examples} {what}")
+        raise ConfigError(f"config.dp.delta={dp.delta} must be {delta_bound(num_examples, what)}")
     calls = _calls_per_batch(dp, b, num_examples)
     if per_unit:
         sampler = sampling.UnitPoissonSampler(

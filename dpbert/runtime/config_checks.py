@@ -9,6 +9,8 @@ values that used to fail late, hang or fail without a name:
   silently be seed 0);
 * `data.canaries.repetitions`: integers in [0, canaries.MAX_REPETITIONS] (10**9 planted copies
   never finished);
+* `data.max_sentence_chars` (pretraining): an integer > 0; at 0 or below every word was cut
+  into a sentence of its own, silently (BERT's sentence pairs and NSP then see single words);
 * the dχ privacy parameter η of pretraining (`dchi.eta`) and of fine-tuning (`privacy.eta`), one
   field of one section builder (`configs/common.dchi_section`), checked here once for both when
   its mechanism is on: a finite number > 0 and at least MIN_ETA (the noise has a norm of about
@@ -70,6 +72,13 @@ def check(config: Any) -> None:
                     f"config.data.canaries.repetitions={canary_config.get('repetitions')!r}: "
                     f"each count must be an integer in [0, {canaries.MAX_REPETITIONS}] (0 = a "
                     f"never-planted reference canary; {r!r} is not)")
+    if hasattr(data, "get") and "max_sentence_chars" in data:
+        chars = data.get("max_sentence_chars")
+        if not (_is_int(chars) and chars > 0):
+            raise ConfigError(
+                f"config.data.max_sentence_chars={chars!r}: must be an integer > 0 (sentences "
+                "longer than this many characters are cut at whitespace; at 0 or below every "
+                "word would become a sentence of its own). The default is 1000")
     for section, mode_field, off in DCHI_SECTIONS:
         node = config.get(section) if hasattr(config, "get") else None
         if hasattr(node, "get") and node.get(mode_field, off) != off:

@@ -61,11 +61,15 @@ class ClassificationTask(finetuning.FineTuningTask):
 
     def count_train_examples(self, config) -> int:
         # The first data read (before the loop writes anything): the eval file must not be the
-        # training file, and both files must read.
-        clf.check_eval_file(config.data.train, config.data.eval)
-        n = len(clf.read_tsv(config.data.train))
-        clf.read_tsv(config.data.eval)
-        return min(n, config.data.max_train_examples or n)
+        # training file, both files must read, and their labels must make one label map (a
+        # number written two ways, one label, an eval label set that differs; data.labels
+        # given or read from the training file).
+        d = config.data
+        clf.check_eval_file(d.train, d.eval)
+        train_rows, eval_rows = clf.read_tsv(d.train), clf.read_tsv(d.eval)
+        clf.label_map_of(train_rows, eval_rows, d.train, d.eval, tuple(d.labels) or None)
+        n = len(train_rows)
+        return min(n, d.max_train_examples or n)
 
     def load(self, config, tokenizer) -> finetuning.Loaded:
         d = config.data

@@ -76,10 +76,14 @@ def validate_common(task: FineTuningTask, config) -> InputMode:
         need(False, "dp.clipping", config.dp.clipping,
              f"the ghost clippers take one sequence per example; a {task.name} example is "
              "a document of several windows; use dp.clipping='vmap'")
+    # A mode whose loss mixes examples has no clipper at all: the field to change is
+    # dp.enabled, not dp.clipping (its "auto" was resolved to vmap, a value nobody set).
+    need("per_example" in mode.loss_shapes or not config.dp.enabled, "dp.enabled",
+         config.dp.enabled, f"privacy.mode={mode.name!r}: its loss mixes examples, so "
+         "per-example clipping (DP-SGD) is impossible; set dp.enabled=False (the mode is then "
+         "the run's privacy mechanism) or choose another privacy.mode")
     if shape not in mode.loss_shapes:
-        why = ("its loss mixes examples, so per-example clipping (DP-SGD) is impossible; set "
-               "dp.enabled=False" if "per_example" not in mode.loss_shapes else
-               "the ghost clippers differentiate the encoder's input vectors, and its "
+        why = ("the ghost clippers differentiate the encoder's input vectors, and its "
                "examples carry only a sentence representation for the head; use "
                "dp.clipping='vmap'" if shape == "factored" else
                f"it supports the clippers of loss shape {list(mode.loss_shapes)}")

@@ -53,8 +53,10 @@ def documents(config) -> tuple[list, list, tuple[str, ...]]:
     d = config.data
     if d.train and d.eval:
         clf.check_eval_file(d.train, d.eval)
+    # A training file without -DOCSTART- is ONE document: refused with that reason (one
+    # document cannot be split into folds, nor make a DP-SGD batch of documents).
     docs = list(_synthetic(d.synthetic_num_notes, d.synthetic_seed)) if not d.train else \
-        ner.read_conll(d.train, tags=tuple(d.labels) or None)
+        ner.read_conll(d.train, tags=tuple(d.labels) or None, min_documents=2)
     if d.eval:
         if d.labels:
             test = ner.read_conll(d.eval, tags=tuple(d.labels))

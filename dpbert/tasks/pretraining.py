@@ -87,8 +87,9 @@ class PretrainingTask:
                                 f"with dp.privacy_unit={config.dp.privacy_unit!r}")
         if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
-            _need(config, config.vocab.size >= floor, "vocab.size",
-                  f"must be >= {floor} (the special tokens and the public alphabet)")
+            _need(config, config.vocab.size >= floor, "vocab.size", "must be >= the " +
+                  dp_vocab.vocab_size_floor(config.data.do_lower_case,
+                                            lower_case_field="data.do_lower_case"))
         _need(config, not config.dp.enabled or config.dp.clipping != "mixed_ghost"
               or config.dp.privacy_unit == "example", "dp.clipping",
               f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
@@ -280,12 +281,14 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
         path = pathlib.Path(config.vocab.file)
         if not path.is_file():
             raise ConfigError(f"config.vocab.file={config.vocab.file!r}: file not found")
+        _check_vocab_file(path, f"config.vocab.file={config.vocab.file!r}")
         return str(path), read_vocab_report(path), "file"
     if config.model.init_from_hf:
         path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
         if not path.is_file():
             raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
                               "vocab.txt; set config.vocab.file")
+        _check_vocab_file(path, f"config.model.init_from_hf={config.model.init_from_hf!r}")
         return str(path), read_vocab_report(path), "checkpoint"
     out = workdir / "vocab"
     if not (out / "vocab.txt").is_file():
@@ -313,6 +316,16 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
         hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
+
+
+def _check_vocab_file(path: pathlib.Path, field: str) -> None:
+    """The user's vocab.txt is read (special tokens, duplicates) before it is copied into
+    WORKDIR/vocab: a problem names the user's file, and no broken copy is kept that a rerun
+    with the file fixed would find different ("use a fresh --workdir")."""
+    try:
+        tokenization.load_vocab(path)
+    except ValueError as e:
+        raise ConfigError(f"{field}: {e}") from None
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int

@@ -273,6 +273,12 @@ def test_learn_wordpiece_layout():
     floor = dp_vocab.min_vocab_size()
     with pytest.raises(dp_vocab.VocabError, match="vocab_size"):
         dp_vocab.learn_wordpiece(counts, floor - 1)
+    # Cased text needs a larger alphabet: the message says so (it named no reason).
+    with pytest.raises(dp_vocab.VocabError, match=(
+            r"vocab_size=1000 is below the 1382 tokens: the special tokens \(99 unused\) and "
+            r"the public alphabet of CASED text: do_lower_case=False keeps upper- and "
+            r"lower-case letters .* 594 more tokens than the 788 of uncased text")):
+        dp_vocab.learn_wordpiece(counts, 1000, False)
     no_words, learned0 = dp_vocab.learn_wordpiece({}, floor + 3)
     assert learned0 == 0 and len(no_words) == floor + 3
 
@@ -324,6 +330,8 @@ def test_build_vocab_errors_leave_output_alone(synthetic_corpus, tmp_path):
     fresh = tmp_path / "fresh"
     bad = [(dict(epsilon=-1.0), "epsilon"), (dict(delta=2.0), "delta"),
            (dict(vocab_size=10), "vocab_size=10"), (dict(fmt="csv"), "format"),
+           (dict(do_lower_case=False), "vocab_size=1200 is below the 1382 tokens: .* of CASED "
+                                       "text: do_lower_case=False"),
            (dict(num_workers=0), "num_workers"),
            (dict(delta=0.5), r"delta=0.5 must be < 1/num_examples = 0.00167 "
                              r"\(num_examples=600\)")]  # checked after counting

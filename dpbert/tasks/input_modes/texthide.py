@@ -12,7 +12,8 @@ randomness come from the run's secret task key. privacy.variant = intra, or inte
 label<TAB>text file whose labels are ignored; privacy.label_mode paper | code for
 the labels of those rows, spec §2.2). Evaluation: no mixing, one pool mask per
 example. Encoder and head train. Mixing happens within one physical batch (keep
-batch.physical_batch_size = expected_batch_size); the loss mixes examples, so
+batch.physical_batch_size = expected_batch_size), or within one microbatch when
+batch.microbatch_size is set (privacy.k may not exceed it); the loss mixes examples, so
 DP-SGD is refused. The head (privacy.texthide_head) is the paper's 3-layer MLP (WORKDIR/hf:
 every weight as safetensors, not a transformers folder) or the Hugging Face linear classifier
 on the pooled output (the HF export loads, but its predictions are those of the fine-tuned
@@ -60,9 +61,19 @@ class TextHideMode(InputMode):
     def validate(self, config) -> None:
         spec = self.spec(config)
         b = config.batch
-        physical = b.physical_batch_size or b.expected_batch_size
-        need(physical >= spec.k, "batch.physical_batch_size", physical,
-             f"TextHide mixes k = {spec.k} examples of one physical batch")
+        # The loss (and so the mixing) sees one microbatch at a time when one is set.
+        if b.microbatch_size:
+            group = ("batch.microbatch_size", b.microbatch_size, "the examples one call of the "
+                     "loss sees (a microbatch)", "raise batch.microbatch_size or unset it")
+        else:
+            group = ("batch.physical_batch_size", b.physical_batch_size or
+                     b.expected_batch_size, "the examples of one physical batch",
+                     "raise batch.physical_batch_size (and batch.expected_batch_size, equal "
+                     "to it without DP-SGD)")
+        field, size, what, raise_it = group
+        need(spec.k <= size, "privacy.k", spec.k,
+             f"larger than config.{field}={size}, {what}: TextHide mixes every row with k - 1 "
+             f"others of them, so k must not exceed it; lower privacy.k or {raise_it}")
         p = config.privacy
         need(p.texthide_head in TEXTHIDE_HEADS, "privacy.texthide_head",
              p.texthide_head, f"must be one of {TEXTHIDE_HEADS}")

@@ -56,3 +56,13 @@ def test_a_tiny_eta_is_refused_before_it_overflows():
     config.dchi.eta = 1e-9
     with pytest.raises(ConfigError, match=r"config\.dchi\.eta=1e-09: below 1e-06"):
         loop.validate(pretraining.TASK, config)
+
+
+@pytest.mark.parametrize("value", [0, -1, None])
+def test_max_sentence_chars_is_a_positive_integer(value):
+    """At 0 or below every word was silently cut into a sentence of its own (issue 35)."""
+    config = demo_dp.get_config()
+    config.data.max_sentence_chars = value
+    with pytest.raises(ConfigError, match=rf"^config\.data\.max_sentence_chars={value!r}: "
+                                          r"must be an integer > 0 \(sentences longer"):
+        loop.validate(pretraining.TASK, config)

@@ -4,6 +4,8 @@ report that would run ahead of its checkpoint, signals, a moved workdir, a tampe
 import json
 import math
 import os
+import pathlib
+import re
 import shutil
 import signal
 import sys
@@ -88,6 +90,91 @@ def test_non_finite_parameters_stop_the_run_before_saving_or_exporting(cache_dir
     assert step == 2 and all(np.isfinite(x).all() for x in jax.tree.leaves(params))
     assert not (workdir / "hf").exists()
     assert json.loads((workdir / "privacy_report.json").read_text())["steps"] == 2
+
+
+class _ReachedTheModel(Exception):
+    """Raised where the run would build (then compile) the model: the checks before it ran."""
+
+
+def _stop_at_the_model(self, config, data):
+    raise _ReachedTheModel
+
+
+def test_a_vocabulary_that_takes_the_total_delta_past_1_over_n_is_refused(cache_dir, tmp_path,
+                                                                          monkeypatch):
+    """Issue 35: a vocabulary built at epsilon 8 per note, trained per sequence (the replace-2
+    relation, group privacy), has delta 0.225; with dp.delta the headline's total is far above
+    1/N, yet the run trained and called it a guarantee. Refused before the model is built,
+    naming the three fixes, and config.json is not written."""
+    monkeypatch.setattr(pretraining.PretrainingTask, "build_model", _stop_at_the_model)
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        pretraining.train_and_evaluate(small_config(cache_dir, **{"vocab.epsilon": 8.0}),
+                                       workdir)
+    message = str(e.value)
+    assert message.startswith("config.vocab.epsilon=8.0: the vocabulary built here")
+    assert "has delta 0.225 under dp.privacy_unit='example'" in message
+    assert "total delta 0.225 (vocabulary 0.225 + training dp.delta 0.0001)" in message
+    assert "is not < 1/N = " in message and "training examples" in message
+    for fix in ("a smaller vocab.epsilon", "dp.privacy_unit='note'", "a public vocabulary"):
+        assert fix in message
+    assert not (workdir / "config.json").exists()
+    # The demo's vocabulary (epsilon 2) stays below 1/N: the same run reaches the model.
+    with pytest.raises(_ReachedTheModel):
+        pretraining.train_and_evaluate(small_config(cache_dir), tmp_path / "fine")
+
+
+def test_the_total_delta_counts_the_starting_models_vocabularies():
+    """A vocabulary of the starting model's total counts (once) in the total delta; the message
+    then names model.init_from_hf and, per note, the vocabulary unit to build."""
+    from dpbert.core import units as privacy_units
+
+    plan = types.SimpleNamespace(ledger=object(), num_examples=1000, per_unit=True,
+                                 unit=privacy_units.get("note"), privacy_unit="note")
+    config = small_config(pathlib.Path("/unused"), **{"dp.delta": 1e-4, "dp.privacy_unit": "note",
+                                        "model.init_from_hf": "/models/base"})
+    own = {"stage": "vocabulary", "read_private_data": False, "epsilon": 0.0, "delta": 0.0,
+           "vocab_sha256": "a"}
+    theirs = {"stage": "vocabulary", "read_private_data": True, "epsilon": 9.0, "delta": 2e-3,
+              "vocabulary_epsilon": 8.0, "vocabulary_delta": 1e-6, "unit": "patient",
+              "relation": "replace", "records": 1, "vocab_sha256": "b"}
+    lineage = types.SimpleNamespace(vocabularies=(theirs,), voids=None)
+    with pytest.raises(ConfigError) as e:
+        loop._check_total_delta(config, plan, own, lineage, pathlib.Path("/unused"))
+    message = str(e.value)
+    assert message.startswith("config.model.init_from_hf='/models/base': the vocabulary of the "
+                              "starting model's total (DP per patient")
+    assert "total delta 0.0021 (vocabulary of the starting model 0.002 + training dp.delta" \
+        in message
+    assert "not < 1/N = 0.001 for the N=1000 notes (privacy units)" in message
+    assert "--unit=document for dp.privacy_unit='note'" in message
+    # Below 1/N, or the starting model's vocabulary is the one this run uses: no refusal.
+    loop._check_total_delta(config, plan, own, types.SimpleNamespace(
+        vocabularies=({**theirs, "delta": 5e-4},), voids=None), None)
+    loop._check_total_delta(config, types.SimpleNamespace(**{**vars(plan), "ledger": None}),
+                            own, lineage, None)
+
+
+def test_a_k_above_every_units_count_is_said_without_the_count(cache_dir, tmp_path, monkeypatch,
+                                                              capsys):
+    """dp.max_examples_per_unit above every unit's sequence count: a warning before the
+    compile (loop._say_unused_unit_slots says why it is not refused), no count printed; the
+    default K (8 here, below the largest note's count) says nothing."""
+    monkeypatch.setattr(pretraining.PretrainingTask, "build_model", _stop_at_the_model)
+    said = {}
+    for k in (1000, 8):
+        with pytest.raises(_ReachedTheModel):
+            pretraining.train_and_evaluate(small_config(cache_dir, **{
+                "dp.privacy_unit": "note", "dp.max_examples_per_unit": k}), tmp_path / str(k))
+        said[k] = [ln for ln in capsys.readouterr().out.splitlines()
+                   if "max_examples_per_unit" in ln]
+    assert said[8] == []
+    [line] = said[1000]
+    assert line.startswith("WARNING: config.dp.max_examples_per_unit=1000 is larger than the "
+                           "number of training sequences of every note of this corpus")
+    assert "is not printed" in line
+    # No number but K itself: the largest note's count is private.
+    assert re.findall(r"\d+", line) == ["1000"]
 
 
 def test_a_second_process_in_the_same_workdir_is_refused(cache_dir, tmp_path):

@@ -334,11 +334,20 @@ def test_refused_configurations(toy, tmp_path):
         ({"privacy.mode": "ome", "privacy.ome_variant": "sue", "privacy.ue_levels": 1},
          "privacy.ue_levels"),
         ({"privacy.mode": "ome", "privacy.fresh_noise_each_epoch": True}, "fresh noise"),
+        # The field the user set (dp.enabled), not dp.clipping='vmap' that "auto" became.
         ({"privacy.mode": "texthide", "dp.enabled": True, "dp.noise_multiplier": 1.0},
-         "mixes examples, so per-example clipping"),
+         r"^config\.dp\.enabled=True: privacy\.mode='texthide': its loss mixes examples, so "
+         r"per-example clipping"),
+        ({"privacy.mode": "texthide", "dp.enabled": True, "dp.clipping": "ghost_embedding",
+          "dp.noise_multiplier": 1.0}, r"^config\.dp\.enabled=True: privacy\.mode='texthide'"),
         ({"privacy.mode": "texthide", "privacy.k": 0}, "k must be a positive integer"),
         ({"privacy.mode": "texthide", "privacy.variant": "inter"}, "privacy.public_file"),
-        ({"privacy.mode": "texthide", "privacy.k": 32}, "mixes k = 32 examples"),
+        ({"privacy.mode": "texthide", "privacy.k": 32},
+         r"^config\.privacy\.k=32: larger than config\.batch\.physical_batch_size=16, "),
+        # The loss (the mixing) sees one microbatch: k above it was accepted.
+        ({"privacy.mode": "texthide", "privacy.k": 8, "batch.microbatch_size": 4},
+         r"^config\.privacy\.k=8: larger than config\.batch\.microbatch_size=4, the examples "
+         r"one call of the loss sees"),
         ({"privacy.mode": "texthide", "privacy.texthide_head_input_norm": "layer"},
          "privacy.texthide_head_input_norm='layer': must be one of"),
         ({"privacy.mode": "texthide", "privacy.texthide_head_init": 0.0},
@@ -366,6 +375,29 @@ def test_refused_configurations(toy, tmp_path):
     finally:
         registry.MODES.pop(mixing.name)
     assert registry.names() == (*input_privacy.MODES, "ome", "texthide")
+
+
+def test_a_label_problem_is_found_before_any_work(toy, tmp_path):
+    """The label map is built by count_train_examples, before the loop makes the workdir: a
+    number written two ways, a single label, an eval file with other labels (was: found by
+    load, after .lock, checkpoints/ and the vocabulary copy were written)."""
+    rows = (tmp_path / "rows.tsv")
+    rows.write_text("".join(f"{label}\tsome words here\n" for label in ("0", "1") * 10))
+    two_ways = tmp_path / "two_ways.tsv"
+    two_ways.write_text(rows.read_text() + "1.0\tother words\n")
+    one = tmp_path / "one.tsv"
+    one.write_text("".join("1\tsome words\n" for _ in range(20)))
+    cases = [({"data.train": str(two_ways)}, "numeric labels written two ways: lines 2 and 21"),
+             ({"data.train": str(one)}, "only one label"),
+             ({"data.train": str(rows), "data.labels": ("0", "1", "2")},
+              "has no row with the given label"),
+             ({"data.eval": str(one)}, "the label sets differ")]
+    for overrides, match in cases:
+        workdir = tmp_path / "w"
+        with pytest.raises(clf_data.DataError, match=match):
+            finetuning.finetune(classification.ClassificationTask(),
+                                config(toy, **overrides), workdir)
+        assert not workdir.exists(), overrides
 
 
 # ----------------------------------------------------------------------------- NER
@@ -415,6 +447,24 @@ def test_ner_documents_are_the_examples_and_gold_predictions_score_f1_one(toy, t
     worse = pred.copy()
     worse[tuple(first)] = data.extra["labels"].index("B-problem")
     assert task.eval_metrics([dict(out, pred=worse)], data)["f1"] < 1.0
+
+
+def test_a_ner_training_file_of_one_document_is_refused_before_work(toy, tmp_path):
+    """A CoNLL file without -DOCSTART- is one document: it cannot be split into folds nor
+    batched. The refusal says why (was, without an eval file: "1 documents cannot be split into
+    5 folds", and with one: a run on one document), before anything is written."""
+    from dpbert.tasks import ner  # noqa: PLC0415
+
+    one = tmp_path / "one.conll"
+    one.write_text("The O\npatient O\nsaw O\n\nHe O\nleft O\n")
+    for eval_file in ("", str(fx.ner_conll(tmp_path / "test.conll", 10, seed=2))):
+        workdir = tmp_path / f"w{len(eval_file)}"
+        with pytest.raises(ValueError, match=(
+                rf"^{one}: no -DOCSTART- line, so the whole file \(2 sentences\) is ONE "
+                r"document: .*; at least 2 documents are needed, 1 found$")):
+            finetuning.finetune(ner.NerTask(), ner_config(toy, tmp_path, **{
+                "data.train": str(one), "data.eval": eval_file}), workdir)
+        assert not workdir.exists()
 
 
 @pytest.mark.slow

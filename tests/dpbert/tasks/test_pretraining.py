@@ -308,12 +308,30 @@ def test_calibrates_sigma_when_only_a_target_is_given(cache_dir):
     ({"batch.microbatch_size": 5}, "microbatch_size=5.*must divide"),
     ({"dp.clip_norm": 0.0}, "clip_norm"),
     ({"dp.clipping": "ghost"}, r"config.dp.clipping='ghost': must be one of"),
+    ({"data.do_lower_case": False}, r"config.vocab.size=1000: must be >= the 1382 tokens: "
+                                    r".* alphabet of CASED text: data.do_lower_case=False"),
     ({"dp.clipping": "mixed_ghost", "dp.privacy_unit": "note"},
      r"config.dp.clipping='mixed_ghost': mixed_ghost clips one example"),
 ])
 def test_bad_configs_fail_with_one_clear_error(cache_dir, tmp_path, overrides, match):
     with pytest.raises((ValueError, FileNotFoundError), match=match):
         train.train_and_evaluate(small_config(cache_dir, **overrides), tmp_path / "bad")
+
+
+def test_a_vocab_file_without_special_tokens_names_the_users_file(cache_dir, tmp_path):
+    """Issue 35: the message named the workdir's copy (WORKDIR/vocab/vocab.txt), and that
+    broken copy then made a rerun with the file fixed fail ("differs from the vocabulary this
+    run started with")."""
+    vocab = tmp_path / "my_vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\nworld\n")
+    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError) as e:
+        train.train_and_evaluate(small_config(cache_dir, **{"vocab.file": str(vocab)}), workdir)
+    assert str(e.value) == (
+        f"config.vocab.file={str(vocab)!r}: vocab file {vocab} lacks the special token(s) "
+        "['[MASK]'] (a BERT vocab.txt has each of [PAD], [UNK], [CLS], [SEP], [MASK] on a line "
+        "of its own)")
+    assert not (workdir / "vocab").exists()
 
 
 def test_unknown_config_field_is_refused_by_the_launcher(tmp_path):
