@@ -31,7 +31,7 @@ DP_MAX_BATCH = 1024
 DP_BATCH_FRACTION = 4        # B = N / 4 at most: at least 4 expected batches per epoch
 DP_PHYSICAL_BATCH = 128
 DP_LEARNING_RATE = 1e-3
-DP_EPOCHS = 10.0
+DP_EPOCHS = 5.0
 
 # (config section, field, recipe key): what `resolve` fills when it is None ("auto").
 FIELDS = (("train", "trainable", "trainable"),

