@@ -16,7 +16,7 @@ import tempfile
 from typing import Any, Callable
 
 from dpbert.errors import ConfigError
-from dpbert.reporting import lineage
+from dpbert.reporting import card, lineage
 from dpbert.reporting import report as report_lib
 
 # The encoder reads each example token by token (ids, or one vector per token): a release of
@@ -84,7 +84,7 @@ class InputMode:
 def lineage_section(report: dict | None) -> list[str]:
     """The card lines on the starting model's privacy (`dpbert.reporting.lineage`), if it had
     any."""
-    lines = report_lib.lineage_lines(report or {})
+    lines = card.lineage_lines(report or {})
     return ["## Starting model", "", *lines, ""] if lines else []
 
 
