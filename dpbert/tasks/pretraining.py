@@ -29,7 +29,7 @@ from flax import nnx
 from data_pipelines import dp_vocab, fileio, identity, synthetic_notes, tokenization
 from data_pipelines import pretraining as pretraining_data
 from dpbert.privacy import dchi
-from dpbert.models import hf
+from dpbert.models import hf, hf_export
 from dpbert.runtime import hosts, loop
 from dpbert.models import losses
 from dpbert.runtime import metrics as metrics_lib
@@ -202,10 +202,11 @@ class PretrainingTask:
         config = model_lib.BertConfig(**run["model_config"])
         graphdef, _ = nnx.split(nnx.eval_shape(
             lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0))))
-        return hf.save_pretrained(nnx.merge(graphdef, params), out, vocab,
-                                  do_lower_case=run["do_lower_case"],
-                                  model_max_length=run["max_seq_length"],
-                                  privacy_report=report, source=run.get("init_from_hf"))
+        return hf_export.save_pretrained(nnx.merge(graphdef, params), out, vocab,
+                                         do_lower_case=run["do_lower_case"],
+                                         model_max_length=run["max_seq_length"],
+                                         privacy_report=report,
+                                         source=run.get("init_from_hf"))
 
 
 TASK = PretrainingTask()
