@@ -15,7 +15,6 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from dpbert.errors import ConfigError
 from dpbert.reporting import card, lineage
 from dpbert.reporting import report as report_lib
 
@@ -31,11 +30,6 @@ ONE_SEQUENCE = "one_sequence"
 CAPABILITIES = {TOKENS: "examples the encoder reads token by token",
                 SENTENCE: "one label per example, predicted from one sentence vector",
                 ONE_SEQUENCE: "one sequence per example"}
-
-
-def need(cond: bool, field: str, value: Any, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"config.{field}={value!r}: {why}")
 
 
 class InputMode:
