@@ -71,7 +71,8 @@ def _torch_per_example_grads(model, batch) -> list[dict[str, np.ndarray]]:
 
 def _to_hf(graphdef, tree) -> dict[str, np.ndarray]:
     """dpbert gradient tree -> {HF name: array in PyTorch layout} (the export's own mapping)."""
-    return {k: v.astype(np.float64) for k, v in hf_export.state_dict(nnx.merge(graphdef, tree)).items()}
+    return {k: v.astype(np.float64)
+            for k, v in hf_export.state_dict(nnx.merge(graphdef, tree)).items()}
 
 
 def _clipped_sum_torch(per_example, clip_norm):
