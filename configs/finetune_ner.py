@@ -21,7 +21,7 @@ def get_config(arg: str | None = None):
     # the training documents k-fold (below) and holds out fold data.fold.
     c.data.train = ""
     c.data.eval = ""
-    # The synthetic i2b2-2010-shaped set (data_pipelines.ner): number of notes and seed.
+    # The synthetic i2b2-2010-shaped set (data_pipelines.synthetic_ner): number of notes and seed.
     c.data.synthetic_num_notes = 170
     c.data.synthetic_seed = 0
     # k-fold by document: k, the held-out fold, and the seed of the split (a document's fold is a

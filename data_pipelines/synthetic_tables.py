@@ -163,9 +163,10 @@ CONDITIONS = {
 CONDITION_KEYS = tuple(CONDITIONS)
 
 # Medical concepts of each condition beyond the note tables above, for the i2b2-2010-shaped
-# concept-extraction set (`data_pipelines.ner`): findings (problems), the tests that look for
-# them, and non-drug treatments. The drug names of `CONDITIONS[...]["meds"]`, the condition
-# names and complaints, and the lab names of `LABS` are the other entries (`concept_tables`).
+# concept-extraction set (`data_pipelines.synthetic_ner`): findings (problems), the tests that
+# look for them, and non-drug treatments. The drug names of `CONDITIONS[...]["meds"]`, the
+# condition names and complaints, and the lab names of `LABS` are the other entries
+# (`concept_tables`).
 CONCEPT_EXTRAS = {
     "chf": dict(findings=("pulmonary vascular congestion", "cardiomegaly", "pleural effusions",
                           "pitting edema", "elevated JVP"),

@@ -99,3 +99,21 @@ def make_report(privacy: HistogramPrivacy | None, fmt: str, epsilon: float, delt
                           "nonzero words); drop them before publishing this file"),
     )
     return report
+
+
+def console_summary(report: Mapping[str, Any], vocab_path, privacy_path
+                    ) -> tuple[list[str], str, str]:
+    """What launch/build_vocab.py says once a vocabulary is built: (lines for stderr, the log
+    line, the closing line). Stderr gets the copies of duplicate records dropped (an exact count
+    of the corpus: said on the console only, never in a shipped report) and the build's
+    warnings."""
+    notes = []
+    if report.get("duplicates", {}).get("copies_dropped"):
+        notes.append(f"NOTE: {report['duplicates']['text']}")
+    notes += [f"WARNING: {warning}" for warning in report.get("warnings", ())]
+    what = (f"DP (epsilon={report['epsilon']}, delta={report['delta']}, K={report['K']}, "
+            f"threshold={report['threshold']:.1f})" if report["dp"] else "NON-PRIVATE")
+    counts = (f"{report['num_surviving_words']} surviving words, "
+              f"{report['num_learned_tokens']} learned tokens")
+    return (notes, f"{what} vocabulary: {counts}",
+            f"wrote {vocab_path} ({what}; {counts}) and {privacy_path}")

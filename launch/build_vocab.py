@@ -19,7 +19,7 @@ import sys
 
 from absl import app, flags, logging
 
-from data_pipelines import corpora, dp_vocab, identity
+from data_pipelines import corpora, dp_vocab, identity, vocab_report
 from dpbert.runtime import cli
 
 _INPUT = flags.DEFINE_string("input", None, "Corpus file (.gz allowed).")
@@ -56,10 +56,9 @@ _NUM_UNUSED = flags.DEFINE_integer("num_unused", dp_vocab.DEFAULT_NUM_UNUSED,
                                    "[unusedN] slots between [PAD] and [UNK] (99: BERT ids).",
                                    lower_bound=0)
 _MAX_BAD = flags.DEFINE_float("max_bad_fraction", corpora.DEFAULT_MAX_BAD_FRACTION,
-                              "Largest share of corpus rows (text: lines) that may be "
-                              "unparseable (skipped); more is an error naming the first "
-                              "bad row's line.", lower_bound=0.0, upper_bound=1.0)
-
+                              "Largest share of corpus rows (text: lines) that may be unparseable "
+                              "(skipped); more is an error naming the first bad row's line.",
+                              lower_bound=0.0, upper_bound=1.0)
 _DUPLICATES = flags.DEFINE_enum(
     "duplicate_ids", identity.DEFAULT_RULE, list(identity.RULES),
     "A ROW_ID (noteevents) or a document text (text) that occurs more than once: refuse "
@@ -82,26 +81,19 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("--epsilon and --delta are required (or pass --no_dp)")
     try:
         result = dp_vocab.build_vocab(
-            _INPUT.value, _FORMAT.value, _VOCAB_SIZE.value,
-            _EPSILON.value, _DELTA.value,
+            _INPUT.value, _FORMAT.value, _VOCAB_SIZE.value, _EPSILON.value, _DELTA.value,
             _K.value, _OUT.value, dp=dp, do_lower_case=_LOWER.value, seed=_SEED.value,
             num_workers=_WORKERS.value, accounting=_ACCOUNTING.value,
             num_unused=_NUM_UNUSED.value, progress=True, max_bad_fraction=_MAX_BAD.value,
             min_learned_tokens=1, unit=_UNIT.value, duplicate_ids=_DUPLICATES.value)
     except (dp_vocab.VocabError, corpora.CorpusError) as e:
         cli.fail("build_vocab", str(e))
-    dropped = result.report.get("duplicates", {}).get("copies_dropped")
-    if dropped:  # an exact count of the corpus: console only (not in the shipped report)
-        print(f"build_vocab: NOTE: {result.report['duplicates']['text']}", file=sys.stderr)
-    for warning in result.report.get("warnings", ()):
-        print(f"build_vocab: WARNING: {warning}", file=sys.stderr)
-    r = result.report
-    what = (f"DP (epsilon={r['epsilon']}, delta={r['delta']}, K={r['K']}, "
-            f"threshold={r['threshold']:.1f})" if r["dp"] else "NON-PRIVATE")
-    logging.info("%s vocabulary: %d surviving words, %d learned tokens", what,
-                 r["num_surviving_words"], r["num_learned_tokens"])
-    print(f"wrote {result.vocab_path} ({what}; {r['num_surviving_words']} surviving words, "
-          f"{r['num_learned_tokens']} learned tokens) and {result.privacy_path}")
+    notes, info, done = vocab_report.console_summary(result.report, result.vocab_path,
+                                                     result.privacy_path)
+    for line in notes:  # the duplicates dropped (an exact count: console only) and warnings
+        print(f"build_vocab: {line}", file=sys.stderr)
+    logging.info(info)
+    print(done)
 
 
 if __name__ == "__main__":

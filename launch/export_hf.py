@@ -57,17 +57,17 @@ def main(argv):
                                     inside_sources_ok=source is _WORKDIR)
     if problem:
         cli.fail("export_hf", problem, cli.BAD_INPUT)
-    from dpbert.models import hf  # here, so that --help is instant
+    from dpbert.models import hf_export  # here, so that --help is instant
 
     try:
-        hf.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value, sources=sources,
+        hf_export.check_export_destination(_OUT.value, overwrite=_OVERWRITE.value, sources=sources,
                                     inside_sources_ok=source is _WORKDIR)
         if _WORKDIR.value:
             from dpbert.tasks import export
             out = export.export_from_workdir(_WORKDIR.value, _OUT.value, _STEP.value)
         else:
-            out = hf.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)
-    except (hf.CheckpointError, FileNotFoundError, ValueError) as e:
+            out = hf_export.export_from_hf(_FROM_HF.value, _OUT.value, overwrite=_OVERWRITE.value)
+    except (hf_export.CheckpointError, FileNotFoundError, ValueError) as e:
         cli.fail("export_hf", str(e), cli.BAD_INPUT)
     except OSError as e:
         cli.fail("export_hf", f"{e.filename or _OUT.value}: {e.strerror or e}",

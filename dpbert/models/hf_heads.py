@@ -17,7 +17,7 @@ Export writes what `transformers` expects: `config.json` with `architectures`, `
 `problem_type = "single_label_classification"`; weights named as HF names them (the token model
 has no pooler, as HF's `add_pooling_layer=False`), so `from_pretrained` reports no missing and no
 unexpected key. Everything else (vocab, tokenizer config, model card, atomic write) is
-`dpbert.models.hf.save_pretrained`.
+`dpbert.models.hf_export.save_pretrained`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from flax import nnx
 
 from dpbert.models import heads
-from dpbert.models import hf
+from dpbert.models import hf, hf_export
 from dpbert.models import bert as model_lib
 
 logger = logging.getLogger(__name__)
@@ -184,7 +184,7 @@ def save_task_model(model: nnx.Module, path: str | os.PathLike, vocab_file: str 
                     "fine-tuned predictions.")
             logger.warning("%s: %s", path, note.replace("**", ""))
             sections.append(note)
-    return hf.save_pretrained(
+    return hf_export.save_pretrained(
         model, path, vocab_file, do_lower_case=do_lower_case, model_max_length=model_max_length,
         privacy_report=privacy_report, source=source, architecture=architecture,
         hf_config_overrides=hf_config_overrides(model), card_sections=sections)

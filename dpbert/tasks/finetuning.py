@@ -32,14 +32,14 @@ from flax import nnx
 from data_pipelines import tokenization
 from dpbert import tasks
 from dpbert.dp import clipping
-from dpbert.errors import ConfigError
+from dpbert.errors import ConfigError, need
 from dpbert.models import bert as model_lib
 from dpbert.models import heads, hf_heads
 from dpbert.runtime import hosts, loop
 from dpbert.tasks import (pretraining, prefix_cache, recipe, release, results, schedule,
                           starting_model)
 from dpbert.tasks.input_modes import registry
-from dpbert.tasks.input_modes.base import CAPABILITIES, ONE_SEQUENCE, TOKENS, InputMode, need
+from dpbert.tasks.input_modes.base import CAPABILITIES, ONE_SEQUENCE, TOKENS, InputMode
 
 
 def validate_common(task: FineTuningTask, config) -> InputMode:

@@ -4,9 +4,10 @@
         --config.model.init_from_hf=HF_FOLDER [--config.data.fold=2]
         [--config.data.train=TRAIN.conll --config.data.eval=TEST.conll]
 
-    data    default: the i2b2-2010-shaped synthetic notes (`data_pipelines.ner`, problem / test
-            / treatment, 7 BIO tags), split k-fold BY DOCUMENT (data.num_folds, data.fold,
-            data.fold_seed); or CoNLL files (data.train, and data.eval or the same k-fold)
+    data    default: the i2b2-2010-shaped synthetic notes (`data_pipelines.synthetic_ner`,
+            problem / test / treatment, 7 BIO tags), split k-fold BY DOCUMENT (data.num_folds,
+            data.fold, data.fold_seed); or CoNLL files (data.train, and data.eval or the same
+            k-fold)
     labels  the first WordPiece of each word carries its tag, the other pieces -100
     units     a document's pieces are cut into windows of max_seq_length (stride data.stride);
             ALL windows of a document form ONE training example ([W, S] arrays + window_mask):
@@ -31,7 +32,7 @@ from absl import logging
 from flax import nnx
 
 from data_pipelines import classification as clf
-from data_pipelines import identity, ner
+from data_pipelines import identity, ner, synthetic_ner
 from data_pipelines import ner_metrics
 from dpbert.errors import ConfigError
 from dpbert.runtime.hosts import announce
@@ -41,7 +42,7 @@ from dpbert.tasks.input_modes.base import TOKENS
 
 @functools.lru_cache(maxsize=4)
 def _synthetic(num_notes: int, seed: int) -> tuple:
-    return tuple(ner.generate_i2b2_like(num_notes, seed=seed))
+    return tuple(synthetic_ner.generate_i2b2_like(num_notes, seed=seed))
 
 
 def documents(config) -> tuple[list, list, tuple[str, ...]]:

@@ -32,6 +32,7 @@ from flax import nnx
 
 from dpbert.models import trainable as trainable_lib
 from dpbert.runtime.hosts import announce
+from dpbert.tasks import recipe
 
 FORMAT = "dpbert-prefix-cache/1"
 # Input modes whose release the prefix may read once (re-drawn per epoch only with
@@ -45,7 +46,7 @@ EXAMPLES_PER_CALL = 256
 
 def applies(config, task) -> bool:
     """Whether this run computes its frozen prefix once (module docstring)."""
-    spec = trainable_lib.parse(config.train.trainable)
+    spec = trainable_lib.parse(recipe.trainable(config))
     fixed = config.privacy.mode == "none" or (config.privacy.mode in FIXED_RELEASE_MODES and
                                               not config.privacy.fresh_noise_each_epoch)
     return (bool(config.train.prefix_cache) and spec.kind in ("head", "top") and fixed
@@ -144,7 +145,7 @@ def cached_split(split, model, num_layers: int, folder: pathlib.Path, name: str,
 
 def cached_splits(config, model, train, eval_, workdir: pathlib.Path):
     """(train, eval, prefix layers) with the prefix cached; see `applies`."""
-    spec = trainable_lib.parse(config.train.trainable, model.config.num_hidden_layers)
+    spec = trainable_lib.parse(recipe.trainable(config), model.config.num_hidden_layers)
     layers = spec.prefix_layers(model.config.num_hidden_layers)
     folder = pathlib.Path(config.train.prefix_cache_dir or workdir / "prefix_cache")
     own = not config.train.prefix_cache_dir

@@ -29,24 +29,24 @@ from flax import nnx
 from data_pipelines import dp_vocab, fileio, identity, synthetic_notes, tokenization
 from data_pipelines import pretraining as pretraining_data
 from dpbert.privacy import dchi
-from dpbert.models import hf
+from dpbert.models import hf, hf_export
 from dpbert.runtime import hosts, loop
 from dpbert.models import losses
 from dpbert.runtime import metrics as metrics_lib
 from dpbert.models import bert as model_lib
+from dpbert.core import units as privacy_units
 from dpbert.dp import clipping, trees
-from dpbert.errors import ConfigError
+from dpbert.errors import ConfigError, need
 
 _DCHI_STREAM = 0x0D1  # key domain of dχ privatization (apart from the DP engine's streams)
 _EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never reaches
 
 
-def _need(config, cond: bool, field: str, why: str) -> None:
-    if not cond:
-        value = config
-        for part in field.split("."):
-            value = value.get(part) if hasattr(value, "get") else None
-        raise ConfigError(f"config.{field}={value!r}: {why}")
+def _one_sequence_per_unit(config) -> bool:
+    """Whether dp.privacy_unit is one training sequence (not a `PrivacyUnit.per_unit` unit of
+    several; False for a name that is no unit, which `dpbert.dp.plan.validate` refuses)."""
+    unit = privacy_units.find(config.dp.privacy_unit)
+    return unit is not None and not unit.per_unit
 
 
 class PretrainingTask:
@@ -58,46 +58,50 @@ class PretrainingTask:
         embeddings, one backward; the fastest and leanest, BENCHMARKS.md "DP-SGD step") for
         one sequence per unit; per note / patient the tied-embedding ghost clipper (a unit's
         loss has no dense-layer taps)."""
-        return "mixed_ghost" if config.dp.privacy_unit == "example" else "ghost_embedding"
+        return "mixed_ghost" if _one_sequence_per_unit(config) else "ghost_embedding"
 
     def validate(self, config: ml_collections.ConfigDict) -> None:
-        _need(config, config.data.get("duplicate_ids", identity.DEFAULT_RULE) in identity.RULES,
-              "data.duplicate_ids", f"must be one of {', '.join(identity.RULES)}")
+        need(config.data.get("duplicate_ids", identity.DEFAULT_RULE) in identity.RULES,
+             "data.duplicate_ids", config.data.get("duplicate_ids"),
+             f"must be one of {', '.join(identity.RULES)}")
         if config.data.corpus in ("text", "noteevents"):
             what = ("a MIMIC-III NOTEEVENTS.csv(.gz) file (credentialed PhysioNet data, "
                     "download it yourself)" if config.data.corpus == "noteevents" else
                     "text files (one sentence per line, blank line between documents)")
-            _need(config, len(config.data.paths) > 0, "data.paths", f"is empty: give {what}")
+            need(len(config.data.paths) > 0, "data.paths", config.data.paths,
+                 f"is empty: give {what}")
             for path in config.data.paths:
                 if not os.path.isfile(os.path.expanduser(path)):
                     raise ConfigError(
                         f"config.data.paths: {path!r} does not exist (expected {what})")
         if config.dchi.mechanism != "none":
-            _need(config, bool(config.model.init_from_hf), "model.init_from_hf",
-                  "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")
-        _need(config, config.model.size in model_lib.PRESETS or bool(config.model.init_from_hf),
-              "model.size", f"must be one of {sorted(model_lib.PRESETS)}")
-        _need(config, config.mlm_target in losses.mlm_target_names(), "mlm_target",
-              f"must be one of {losses.mlm_target_names()}")
-        _need(config, config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism",
-              f"must be one of {dchi.MECHANISMS}")
+            need(bool(config.model.init_from_hf), "model.init_from_hf",
+                 config.model.init_from_hf,
+                 "dχ privatization needs a pretrained BERT folder: its word embeddings are φ")
+        need(config.model.size in model_lib.PRESETS or bool(config.model.init_from_hf),
+             "model.size", config.model.size, f"must be one of {sorted(model_lib.PRESETS)}")
+        need(config.mlm_target in losses.mlm_target_names(), "mlm_target", config.mlm_target,
+             f"must be one of {losses.mlm_target_names()}")
+        need(config.dchi.mechanism in dchi.MECHANISMS, "dchi.mechanism", config.dchi.mechanism,
+             f"must be one of {dchi.MECHANISMS}")
         # dchi.eta: `dpbert.runtime.config_checks` (one check of η for every task).
-        _need(config, config.dchi.mechanism == "none" or config.dp.privacy_unit == "example",
-              "dchi.mechanism", f"dχ privatization works per example; it cannot be combined "
-                                f"with dp.privacy_unit={config.dp.privacy_unit!r}")
+        need(config.dchi.mechanism == "none" or _one_sequence_per_unit(config),
+             "dchi.mechanism", config.dchi.mechanism,
+             f"dχ privatization works per example; it cannot be combined with "
+             f"dp.privacy_unit={config.dp.privacy_unit!r}")
         if not (config.vocab.file or config.model.init_from_hf):  # built here: check first
             floor = dp_vocab.min_vocab_size(config.data.do_lower_case)
-            _need(config, config.vocab.size >= floor, "vocab.size", "must be >= the " +
-                  dp_vocab.vocab_size_floor(config.data.do_lower_case,
-                                            lower_case_field="data.do_lower_case"))
-        _need(config, not config.dp.enabled or config.dp.clipping != "mixed_ghost"
-              or config.dp.privacy_unit == "example", "dp.clipping",
-              f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
-              f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
-              f"'ghost_embedding' or 'vmap'")
-        _need(config, config.model.max_position_embeddings >= config.data.max_seq_length,
-              "model.max_position_embeddings",
-              f"must be >= data.max_seq_length ({config.data.max_seq_length})")
+            need(config.vocab.size >= floor, "vocab.size", config.vocab.size, "must be >= the " +
+                 dp_vocab.vocab_size_floor(config.data.do_lower_case,
+                                           lower_case_field="data.do_lower_case"))
+        need(not config.dp.enabled or config.dp.clipping != "mixed_ghost"
+             or _one_sequence_per_unit(config), "dp.clipping", config.dp.clipping,
+             f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
+             f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
+             f"'ghost_embedding' or 'vmap'")
+        need(config.model.max_position_embeddings >= config.data.max_seq_length,
+             "model.max_position_embeddings", config.model.max_position_embeddings,
+             f"must be >= data.max_seq_length ({config.data.max_seq_length})")
 
     # ---------------------------------------------------------------------------- data
 
@@ -204,10 +208,11 @@ class PretrainingTask:
         config = model_lib.BertConfig(**run["model_config"])
         graphdef, _ = nnx.split(nnx.eval_shape(
             lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0))))
-        return hf.save_pretrained(nnx.merge(graphdef, params), out, vocab,
-                                  do_lower_case=run["do_lower_case"],
-                                  model_max_length=run["max_seq_length"],
-                                  privacy_report=report, source=run.get("init_from_hf"))
+        return hf_export.save_pretrained(nnx.merge(graphdef, params), out, vocab,
+                                         do_lower_case=run["do_lower_case"],
+                                         model_max_length=run["max_seq_length"],
+                                         privacy_report=report,
+                                         source=run.get("init_from_hf"))
 
 
 TASK = PretrainingTask()
@@ -311,8 +316,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 v.delta if v.dp else None, v.max_words_per_example, out, dp=v.dp,
                 do_lower_case=data.do_lower_case, seed=v.seed, progress=False,
                 max_bad_fraction=data.max_bad_fraction,
-                unit=("patient" if config.dp.privacy_unit == "patient"
-                      and data.corpus == "noteevents" else "document"),
+                unit=(privacy_units.get(config.dp.privacy_unit).vocab_record
+                      if data.corpus == "noteevents" else privacy_units.DOCUMENT_RECORD),
                 duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
         hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"

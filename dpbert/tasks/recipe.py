@@ -54,6 +54,13 @@ def values(dp: bool, num_train: int | None) -> dict:
             "learning_rate": DP_LEARNING_RATE, "weight_decay": 0.0, "epochs": DP_EPOCHS}
 
 
+def trainable(config) -> str:
+    """The run's train.trainable, "auto" resolved (for code that sees the config before
+    `resolve`, e.g. a task's prepare called on its own)."""
+    spec = config.train.trainable
+    return values(bool(config.dp.enabled), None)["trainable"] if spec == AUTO else spec
+
+
 def _unset(section, field) -> bool:
     value = section[field]
     return value is None or (field == "trainable" and value == AUTO)

@@ -5,14 +5,14 @@ import string
 import numpy as np
 import pytest
 
-from data_pipelines import ner, tokenization
+from data_pipelines import ner, synthetic_ner, tokenization
 from data_pipelines.classification import DataError
 from data_pipelines import ner_metrics
 
 
 @pytest.fixture(scope="module")
 def docs():
-    return ner.generate_i2b2_like(12, seed=3)
+    return synthetic_ner.generate_i2b2_like(12, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,11 @@ def char_tokenizer(tmp_path_factory):
 
 
 def test_generator_is_deterministic_and_i2b2_shaped(docs):
-    again = ner.generate_i2b2_like(12, seed=3)
+    again = synthetic_ner.generate_i2b2_like(12, seed=3)
     assert again == docs
-    assert ner.generate_i2b2_like(5, seed=3) == docs[:5]     # note i does not depend on n
-    assert ner.generate_i2b2_like(12, seed=4) != docs
-    assert len(ner.generate_i2b2_like()) == 170
+    assert synthetic_ner.generate_i2b2_like(5, seed=3) == docs[:5]     # note i does not depend on n
+    assert synthetic_ner.generate_i2b2_like(12, seed=4) != docs
+    assert len(synthetic_ner.generate_i2b2_like()) == 170
     assert ner.tag_names(docs) == ner.I2B2_TAGS
     counts = ner.entity_counts(docs)
     # i2b2-2010: problem 7,073 > treatment 4,844 ~ test 4,608 (170 notes); same order here.
@@ -172,7 +172,7 @@ def test_windows_and_max_context(char_tokenizer):
 
 
 def test_kfold_by_document():
-    docs = ner.generate_i2b2_like(170, seed=0)
+    docs = synthetic_ner.generate_i2b2_like(170, seed=0)
     folds = ner.kfold_documents(docs, 5, seed=0)
     tests = [t for _, t in folds]
     assert all(20 <= len(t) <= 50 for t in tests)  # balanced in expectation (34)
@@ -235,3 +235,11 @@ def test_a_file_without_docstart_is_said_to_be_one_document(tmp_path, caplog):
     with pytest.raises(ValueError, match="document separator"):
         ner.write_conll(tmp_path / "w.conll", [ner.Document("d", (ner.Sentence(
             ("-DocStart-",), ("O",)),))])
+
+
+def test_the_synthetic_set_cli_writes_a_conll_file(tmp_path, capsys):
+    out = tmp_path / "synthetic.conll"
+    synthetic_ner.main(["--num_notes=3", "--seed=1", f"--out={out}"])
+    assert "wrote 3 notes" in capsys.readouterr().out
+    assert [d.sentences for d in ner.read_conll(out)] == \
+        [d.sentences for d in synthetic_ner.generate_i2b2_like(3, seed=1)]

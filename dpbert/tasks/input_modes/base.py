@@ -15,8 +15,7 @@ import shutil
 import tempfile
 from typing import Any, Callable
 
-from dpbert.errors import ConfigError
-from dpbert.reporting import lineage
+from dpbert.reporting import card, lineage
 from dpbert.reporting import report as report_lib
 
 # The encoder reads each example token by token (ids, or one vector per token): a release of
@@ -31,11 +30,6 @@ ONE_SEQUENCE = "one_sequence"
 CAPABILITIES = {TOKENS: "examples the encoder reads token by token",
                 SENTENCE: "one label per example, predicted from one sentence vector",
                 ONE_SEQUENCE: "one sequence per example"}
-
-
-def need(cond: bool, field: str, value: Any, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"config.{field}={value!r}: {why}")
 
 
 class InputMode:
@@ -84,7 +78,7 @@ class InputMode:
 def lineage_section(report: dict | None) -> list[str]:
     """The card lines on the starting model's privacy (`dpbert.reporting.lineage`), if it had
     any."""
-    lines = report_lib.lineage_lines(report or {})
+    lines = card.lineage_lines(report or {})
     return ["## Starting model", "", *lines, ""] if lines else []
 
 

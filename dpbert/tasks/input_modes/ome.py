@@ -36,12 +36,12 @@ import numpy as np
 from flax import nnx
 from safetensors.numpy import save_file
 
-from dpbert.errors import ConfigError
+from dpbert.errors import ConfigError, need
 from dpbert.models import bert as model_lib
 from dpbert.models import heads
 from dpbert.privacy import input_privacy
 from dpbert.privacy import ome as ome_lib
-from dpbert.tasks.input_modes.base import SENTENCE, InputMode, lineage_section, need, write_folder
+from dpbert.tasks.input_modes.base import SENTENCE, InputMode, lineage_section, write_folder
 
 OME_VARIANTS = ("published", "calibrated", "sue", "oue")
 _OME_SALT = 0x0E11   # folded into the split key: OME bits never share noise with a dχ release

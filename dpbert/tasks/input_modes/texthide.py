@@ -34,11 +34,11 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from data_pipelines import classification as clf
-from dpbert.errors import ConfigError
+from dpbert.errors import ConfigError, need
 from dpbert.models import heads
 from dpbert.privacy import input_privacy, texthide
 from dpbert.tasks import starting_model
-from dpbert.tasks.input_modes.base import SENTENCE, InputMode, lineage_section, need, write_folder
+from dpbert.tasks.input_modes.base import SENTENCE, InputMode, lineage_section, write_folder
 
 TEXTHIDE_HEADS = ("mlp", "linear")
 _POOL_SALT, _STEP_SALT, _EVAL_SALT = 0x7E1D0, 0x7E1D1, 0x7E1D2   # TextHide's secret keys

@@ -18,7 +18,7 @@ import torch
 import transformers
 from flax import nnx
 
-from dpbert.models import hf
+from dpbert.models import hf_export
 
 from dpbert.models import losses
 from dpbert.models import bert as model_lib
@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
     special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     (folder / "vocab.txt").write_text(
         "\n".join(special + [f"w{i}" for i in range(VOCAB - len(special))]) + "\n")
-    hf.save_pretrained(model, folder / "hf", folder / "vocab.txt")
+    hf_export.save_pretrained(model, folder / "hf", folder / "vocab.txt")
     torch_model = transformers.BertForPreTraining.from_pretrained(folder / "hf").double().eval()
     graphdef, params = nnx.split(model)
     batch = helpers.bert_batch(N, VOCAB, seed=3)
@@ -71,7 +71,8 @@ def _torch_per_example_grads(model, batch) -> list[dict[str, np.ndarray]]:
 
 def _to_hf(graphdef, tree) -> dict[str, np.ndarray]:
     """dpbert gradient tree -> {HF name: array in PyTorch layout} (the export's own mapping)."""
-    return {k: v.astype(np.float64) for k, v in hf.state_dict(nnx.merge(graphdef, tree)).items()}
+    return {k: v.astype(np.float64)
+            for k, v in hf_export.state_dict(nnx.merge(graphdef, tree)).items()}
 
 
 def _clipped_sum_torch(per_example, clip_norm):

@@ -13,7 +13,7 @@ from flax import nnx
 
 from dpbert.models import heads
 
-from dpbert.models import hf
+from dpbert.models import hf, hf_export
 
 from dpbert.models import hf_heads
 from dpbert.models import bert as model_lib
@@ -176,7 +176,7 @@ def test_import_of_dpbert_pretraining_export(tmp_path):
                                   num_attention_heads=2, intermediate_size=64,
                                   max_position_embeddings=40)
     pre = model_lib.create_model(config, seed=5)
-    folder = hf.save_pretrained(pre, tmp_path / "pre", write_vocab(tmp_path))
+    folder = hf_export.save_pretrained(pre, tmp_path / "pre", write_vocab(tmp_path))
     model, _ = hf_heads.load_task_model(folder, "sequence_classification", 2)
     ids, seg, mask = batch(3)
     want = pre.bert(jnp.asarray(ids), jnp.asarray(seg), jnp.asarray(mask))[1]

@@ -16,7 +16,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from dpbert.models import hf
+from dpbert.models import hf, hf_export
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 TOL = 1e-4
@@ -96,7 +96,7 @@ def test_import_matches_transformers(hf_folder):
 def test_export_reloads_in_transformers(hf_folder, tmp_path):
     folder, tmodel = hf_folder
     model, _ = hf.load_pretrained(folder)
-    out_dir = hf.save_pretrained(model, tmp_path / "export", folder / "vocab.txt")
+    out_dir = hf_export.save_pretrained(model, tmp_path / "export", folder / "vocab.txt")
     reloaded, info = transformers.BertForPreTraining.from_pretrained(
         out_dir, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
@@ -143,7 +143,7 @@ def test_model_card_carries_privacy_report(hf_folder, tmp_path):
     folder, _ = hf_folder
     model, _ = hf.load_pretrained(folder)
     report = _report(secret=True)
-    out_dir = hf.save_pretrained(model, tmp_path / "e", folder / "vocab.txt",
+    out_dir = hf_export.save_pretrained(model, tmp_path / "e", folder / "vocab.txt",
                                  privacy_report=report)
     card = (out_dir / "README.md").read_text()
     assert report["headline"] in card and "- differential-privacy" in card
@@ -161,7 +161,7 @@ def test_model_card_of_a_seeded_run_says_not_private(hf_folder, tmp_path):
     for secret, reason in ((False, "dp.insecure_seeded_noise=True"),
                            (True, "vocab.seed set")):
         report = _report(secret=secret, vocab_report=vocab_report)
-        out_dir = hf.save_pretrained(model, tmp_path / str(secret), folder / "vocab.txt",
+        out_dir = hf_export.save_pretrained(model, tmp_path / str(secret), folder / "vocab.txt",
                                      privacy_report=report)
         card = (out_dir / "README.md").read_text()
         assert report["private"] is False
@@ -249,7 +249,7 @@ def test_vocab_size_mismatch_is_refused_and_existing_export_kept(hf_folder, tmp_
     (out_dir / "config.json").write_text("keep me")
     bad_vocab = write_vocab(tmp_path, 50)
     with pytest.raises(ValueError, match="has 50 tokens but the model's vocab_size is 211"):
-        hf.save_pretrained(model, out_dir, bad_vocab)
+        hf_export.save_pretrained(model, out_dir, bad_vocab)
     assert (out_dir / "config.json").read_text() == "keep me"
 
 
@@ -263,13 +263,13 @@ def test_export_replaces_a_previous_export_as_a_whole(hf_folder, tmp_path, monke
     folder, _ = hf_folder
     model, _ = hf.load_pretrained(folder)
     out = tmp_path / "export"
-    hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
+    hf_export.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
     assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES
     (out / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"w": 30521}}}))
-    with pytest.raises(hf.ExportError, match="is not empty.*--overwrite"):
-        hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
+    with pytest.raises(hf_export.ExportError, match="is not empty.*--overwrite"):
+        hf_export.save_pretrained(model, out, folder / "vocab.txt", overwrite=False)
     assert (out / "tokenizer.json").exists()
-    hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
+    hf_export.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == EXPORT_FILES  # the stale file is gone
     umask = os.umask(0)
     os.umask(umask)
@@ -284,24 +284,24 @@ def test_export_replaces_a_previous_export_as_a_whole(hf_folder, tmp_path, monke
     import safetensors.numpy
     monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
     with pytest.raises(OSError, match="No space left"):
-        hf.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
+        hf_export.save_pretrained(model, out, folder / "vocab.txt", overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_export_destination_errors(tmp_path):
-    check = hf.check_export_destination
+    check = hf_export.check_export_destination
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(hf.ExportError, match="is a file; the export needs a folder"):
+    with pytest.raises(hf_export.ExportError, match="is a file; the export needs a folder"):
         check(a_file, overwrite=True)
-    with pytest.raises(hf.ExportError, match=r"cannot be created \(.*file is a file\)"):
+    with pytest.raises(hf_export.ExportError, match=r"cannot be created \(.*file is a file\)"):
         check(a_file / "sub", overwrite=False)
     home = tmp_path / "home"
     home.mkdir()
     (home / "notes.txt").write_text("not a model")
     # --overwrite never deletes a folder that is not a model export (e.g. --out=. by mistake).
-    with pytest.raises(hf.ExportError, match="not a Hugging Face model folder"):
+    with pytest.raises(hf_export.ExportError, match="not a Hugging Face model folder"):
         check(home, overwrite=True)
     check(tmp_path / "new" / "deeper", overwrite=False)   # absent: fine
     (tmp_path / "empty").mkdir()
@@ -312,7 +312,7 @@ def test_export_destination_errors(tmp_path):
     # root ignores permission bits: then a read-only mount stands in.
     target = ro / "out" if os.getuid() != 0 else pathlib.Path("/sys/dpbert_export")
     try:
-        with pytest.raises(hf.ExportError, match="read-only"):
+        with pytest.raises(hf_export.ExportError, match="read-only"):
             check(target, overwrite=False)
     finally:
         ro.chmod(0o700)
@@ -410,8 +410,8 @@ def test_export_never_replaces_holds_or_lands_in_its_source(hf_folder, tmp_path,
              tmp_path / "models": "contains the source folder",
              "": "is empty", ".": "is the current directory"}
     for dst, message in cases.items():
-        with pytest.raises(hf.ExportError, match=message):
-            hf.export_from_hf(src, dst, overwrite=True)
+        with pytest.raises(hf_export.ExportError, match=message):
+            hf_export.export_from_hf(src, dst, overwrite=True)
     assert {p.name: p.read_bytes() for p in src.iterdir()} == before
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["src"]
 
@@ -422,13 +422,13 @@ def test_headless_export_card_names_the_fresh_heads(tmp_path):
     torch.manual_seed(2)
     transformers.BertModel(tiny_hf_config()).eval().save_pretrained(tmp_path / "headless")
     write_vocab(tmp_path / "headless", 211)
-    out = hf.export_from_hf(tmp_path / "headless", tmp_path / "out")
+    out = hf_export.export_from_hf(tmp_path / "headless", tmp_path / "out")
     card = (out / "README.md").read_text()
     assert "## Freshly initialised heads" in card
     assert "the MLM head (cls.predictions.*) and the NSP head (cls.seq_relationship.*)" in card
     assert "`cls.seq_relationship.weight`" in card and "bert.pooler" not in card
     # A complete BertForPreTraining folder has no such section; its round trip is exact.
-    again = hf.export_from_hf(out, tmp_path / "again")
+    again = hf_export.export_from_hf(out, tmp_path / "again")
     assert "Freshly initialised" not in (again / "README.md").read_text()
     assert hf.fresh_heads(["bert.pooler.dense.weight"]) == ["the pooler (bert.pooler.*)"]
 
@@ -454,7 +454,7 @@ def test_a_fine_tuned_classifier_or_a_workdir_is_not_exported_as_pretraining(hf_
             r"clf/config\.json names a BertForSequenceClassification \(a task model\); this "
             r"export writes a BertForPreTraining, which would drop its trained task head "
             r"\(classifier\.bias, classifier\.weight\) and its 3 labels \(id2label\)")):
-        hf.export_from_hf(tmp_path / "clf", tmp_path / "out")
+        hf_export.export_from_hf(tmp_path / "clf", tmp_path / "out")
     # The same weights under a config.json that does not say so: the weights tell.
     cfg["architectures"] = ["BertForPreTraining"]
     (tmp_path / "clf" / "config.json").write_text(json.dumps(cfg))
@@ -462,14 +462,14 @@ def test_a_fine_tuned_classifier_or_a_workdir_is_not_exported_as_pretraining(hf_
                                                  r"BertForPreTraining does not have "
                                                  r"\(classifier\.bias, classifier\.weight\); "
                                                  r"this export would drop it and its 3 labels"):
-        hf.export_from_hf(tmp_path / "clf", tmp_path / "out")
+        hf_export.export_from_hf(tmp_path / "clf", tmp_path / "out")
     work = tmp_path / "work"
     (work / "checkpoints").mkdir(parents=True)
     (work / "run.json").write_text("{}")
     (work / "config.json").write_text('{"dp": {}}')
     message = f"{work} is a dpbert training workdir; its model is {work}/hf"
     with pytest.raises(hf.CheckpointError, match=re.escape(message)):
-        hf.export_from_hf(work, tmp_path / "out")
+        hf_export.export_from_hf(work, tmp_path / "out")
     with pytest.raises(hf.CheckpointError, match=re.escape(message)):
         hf.read_bert_config_json(work)   # finetune, analyze_dchi, load_pretrained
     assert not (tmp_path / "out").exists()

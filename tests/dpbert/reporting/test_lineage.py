@@ -12,6 +12,7 @@ from dp_accounting.pld import pld_privacy_accountant
 
 from dpbert.reporting import lineage
 
+from dpbert.reporting import card as card_lib
 from dpbert.reporting import report as report_lib
 from dpbert.dp import accounting, calibration, ledger as ledger_lib
 from dpbert.errors import ConfigError
@@ -162,7 +163,7 @@ def test_declared_other_data_composes_nothing_and_is_listed(tmp_path, relation):
     assert entry["relation"] == relation and entry["headline"].startswith("(")
     training, report = run_after(lin)
     assert report["epsilon"] == pytest.approx(training["epsilon"])
-    card = "\n".join(report_lib.card_section(report_lib.public_report(report)))
+    card = "\n".join(card_lib.card_section(report_lib.public_report(report)))
     assert "Starting model (model.init_from_hf)" in card and f"'{relation}'" in card
 
 
@@ -226,7 +227,7 @@ def test_public_report_drops_exact_corpus_statistics():
                                  multiplicity={"document": {"max": 999, "mean": 3.3}}, steps=5,
                                  units=units, max_examples_per_unit=4)
     public = report_lib.public_report(full)
-    text = json.dumps(public) + "\n".join(report_lib.card_section(public))
+    text = json.dumps(public) + "\n".join(card_lib.card_section(public))
     for secret in ("55555", "777", "10001", "4242", "31337", "999", "unit_multiplicity",
                    '"examples_per_unit"', ".examples_per_unit", "train_subjects",
                    "train_documents"):

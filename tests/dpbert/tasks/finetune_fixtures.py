@@ -23,7 +23,7 @@ VOCAB = SPECIALS + POSITIVE + NEGATIVE + NEUTRAL + ["##s", "##ly", "."]
 
 def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32,
                     layers: int = 1) -> pathlib.Path:
-    from dpbert.models import hf
+    from dpbert.models import hf_export
     from dpbert.models import bert as model_lib
 
     folder = pathlib.Path(folder)
@@ -36,7 +36,7 @@ def tiny_checkpoint(folder: pathlib.Path, *, seed: int = 0, hidden: int = 32,
     model = model_lib.create_model(config, seed=seed)
     table = np.random.default_rng(seed).normal(size=(len(VOCAB), hidden)).astype(np.float32)
     model.bert.embeddings.word_embeddings.embedding.set_value(jnp.asarray(table))
-    hf.save_pretrained(model, folder, vocab)
+    hf_export.save_pretrained(model, folder, vocab)
     vocab.unlink()
     return folder
 

@@ -643,7 +643,7 @@ def test_resume_on_changed_training_data_is_refused(cache_dir, tmp_path):
 def hf_start(tmp_path_factory):
     """A small 'pretrained' BERT folder + a public text corpus, for privacy-adaptive runs."""
     from data_pipelines import dp_vocab, synthetic_notes
-    from dpbert.models import hf
+    from dpbert.models import hf_export
     from dpbert.models import bert as model_lib
 
     root = tmp_path_factory.mktemp("pa")
@@ -654,7 +654,7 @@ def hf_start(tmp_path_factory):
     vocab = tokenization.load_vocab(root / "vocab" / "vocab.txt")
     model = model_lib.create_model(model_lib.BertConfig.preset(
         "tiny", len(vocab), max_position_embeddings=64), seed=5)
-    hf.save_pretrained(model, root / "bert", root / "vocab" / "vocab.txt")
+    hf_export.save_pretrained(model, root / "bert", root / "vocab" / "vocab.txt")
     return root / "bert", corpus
 
 
