@@ -19,7 +19,7 @@ import pytest
 
 from dpbert.runtime import checkpointing
 
-from dpbert.runtime import guards, loop, saved_run
+from dpbert.runtime import guards, loop, run_privacy, saved_run
 
 from dpbert.runtime import optimizers
 from dpbert.errors import ConfigError
@@ -140,7 +140,7 @@ def test_the_total_delta_counts_the_starting_models_vocabularies():
               "relation": "replace", "records": 1, "vocab_sha256": "b"}
     lineage = types.SimpleNamespace(vocabularies=(theirs,), voids=None)
     with pytest.raises(ConfigError) as e:
-        loop._check_total_delta(config, plan, own, lineage, pathlib.Path("/unused"))
+        run_privacy.check_total_delta(config, plan, own, lineage, pathlib.Path("/unused"))
     message = str(e.value)
     assert message.startswith("config.model.init_from_hf='/models/base': the vocabulary of the "
                               "starting model's total (DP per patient")
@@ -149,16 +149,16 @@ def test_the_total_delta_counts_the_starting_models_vocabularies():
     assert "not < 1/N = 0.001 for the N=1000 notes (privacy units)" in message
     assert "--unit=document for dp.privacy_unit='note'" in message
     # Below 1/N, or the starting model's vocabulary is the one this run uses: no refusal.
-    loop._check_total_delta(config, plan, own, types.SimpleNamespace(
+    run_privacy.check_total_delta(config, plan, own, types.SimpleNamespace(
         vocabularies=({**theirs, "delta": 5e-4},), voids=None), None)
-    loop._check_total_delta(config, types.SimpleNamespace(**{**vars(plan), "ledger": None}),
+    run_privacy.check_total_delta(config, types.SimpleNamespace(**{**vars(plan), "ledger": None}),
                             own, lineage, None)
 
 
 def test_a_k_above_every_units_count_is_said_without_the_count(cache_dir, tmp_path, monkeypatch,
                                                               capsys):
     """dp.max_examples_per_unit above every unit's sequence count: a warning before the
-    compile (loop._say_unused_unit_slots says why it is not refused), no count printed; the
+    compile (run_privacy.say_unused_unit_slots says why it is not refused), no count printed; the
     default K (8 here, below the largest note's count) says nothing."""
     monkeypatch.setattr(pretraining.PretrainingTask, "build_model", _stop_at_the_model)
     said = {}
