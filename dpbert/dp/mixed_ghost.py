@@ -77,6 +77,20 @@ class TappedLoss(ghost.FactoredLoss, Protocol):
         ...
 
 
+def _input_vectors(loss_fn, table: jax.Array, example: Batch) -> jax.Array:
+    """x [S, H], float32: the looked-up rows of E, else the loss's own input vectors
+    (`input_vectors(example)`: a cached frozen prefix's output) or the example's
+    `word_embeddings` (dχ token_rep)."""
+    ids = loss_fn.lookup_ids(example)
+    if ids is not None:
+        x = jnp.take(table, ids, axis=0)
+    elif hasattr(loss_fn, "input_vectors"):
+        x = loss_fn.input_vectors(example)
+    else:
+        x = example["word_embeddings"]
+    return x.astype(jnp.float32)
+
+
 def gram_sq_norm(a: jax.Array, g: jax.Array) -> jax.Array:
     """||a^T g||_F^2 = sum_{t,s} (a_t . a_s)(g_t . g_s), float32 []; a [T, I], g [T, O]."""
     a = a.astype(jnp.float32)
@@ -189,9 +203,7 @@ class MixedGhostClipper:
 
         # Shapes of every dense layer's input, from an abstract run of the tapped loss.
         def shapes(p, ex):
-            ids = loss_fn.lookup_ids(ex)
-            x = (jnp.take(leaves[table], ids, axis=0) if ids is not None
-                 else ex["word_embeddings"]).astype(jnp.float32)
+            x = _input_vectors(loss_fn, leaves[table], ex)
             return loss_fn.tapped(p, ex, jax.random.PRNGKey(0), x,
                                   loss_fn.zero_probe(ex, leaves[table].shape[0]), {})[1][2]
 
@@ -248,8 +260,7 @@ class MixedGhostClipper:
         def one(example: Batch, keep: jax.Array, position: jax.Array):
             rng = jax.random.fold_in(key, position)
             ids = loss_fn.lookup_ids(example)
-            x = (jnp.take(table, ids, axis=0) if ids is not None
-                 else example["word_embeddings"]).astype(jnp.float32)
+            x = _input_vectors(loss_fn, table, example)
             probe = loss_fn.zero_probe(example, table.shape[0])
             probes = {n: jnp.zeros(s, jnp.float32) for n, s in plan.out_shapes.items()}
 

@@ -107,8 +107,8 @@ class ClassificationTask(finetuning.FineTuningTask):
         return task_losses.make_classification_loss(graphdef, deterministic=deterministic,
                                                     start_layer=start_layer)
 
-    def factored_loss(self, graphdef):
-        return task_losses.FactoredClassificationLoss(graphdef)
+    def factored_loss(self, graphdef, start_layer: int | None = None):
+        return task_losses.FactoredClassificationLoss(graphdef, start_layer=start_layer)
 
     def eval_step(self, graphdef, config, data):
         logits_fn = registry.get(config.privacy.mode).eval_logits(graphdef, config, data)

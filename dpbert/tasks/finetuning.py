@@ -66,12 +66,6 @@ def validate_common(task: FineTuningTask, config) -> InputMode:
          f"task offers {_describe(task.capabilities)})")
     mode.validate(config)
     shape = clipping.get_clipper(config.dp.clipping if config.dp.enabled else "none").loss_shape
-    if shape == "factored" and prefix_cache.applies(config, task):
-        need(False, "dp.clipping", config.dp.clipping,
-             f"with train.trainable={config.train.trainable!r} the frozen prefix is computed "
-             "once (train.prefix_cache) and the ghost clippers differentiate the input "
-             "embeddings below it; use dp.clipping='auto' or 'vmap', or "
-             "train.prefix_cache=False")
     if shape == "factored" and ONE_SEQUENCE not in task.capabilities:
         need(False, "dp.clipping", config.dp.clipping,
              f"the ghost clippers take one sequence per example; a {task.name} example is "
@@ -173,13 +167,14 @@ class FineTuningTask:
         factored loss, else vmap."""
         mode = registry.MODES.get(config.privacy.mode)   # an unknown mode is refused by validate
         if ONE_SEQUENCE in self.capabilities and mode is not None and \
-                "factored" in mode.loss_shapes and not prefix_cache.applies(config, self):
+                "factored" in mode.loss_shapes:
             return "mixed_ghost"
         return "vmap"
 
-    def factored_loss(self, graphdef):
-        """The task's loss for the ghost clippers (`dpbert.dp.ghost.FactoredLoss`), or None."""
-        del graphdef
+    def factored_loss(self, graphdef, start_layer: int | None = None):
+        """The task's loss for the ghost clippers (`dpbert.dp.ghost.FactoredLoss`), or None;
+        `start_layer`: examples carry the cached frozen prefix's output."""
+        del graphdef, start_layer
         return None
 
     def prepare(self, config, workdir: pathlib.Path, task_key) -> loop.TaskData:
@@ -218,7 +213,8 @@ class FineTuningTask:
         custom = registry.get(config.privacy.mode).loss(graphdef, config, shape, data)
         if custom is not None:
             return custom
-        factored = self.factored_loss(graphdef) if shape == "factored" else None
+        factored = (self.factored_loss(graphdef, data.extra.get("prefix_layers"))
+                    if shape == "factored" else None)
         if factored is not None:
             return factored
         loss_fn = self.example_loss(graphdef, deterministic=False,

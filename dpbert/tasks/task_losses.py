@@ -160,15 +160,27 @@ class FactoredClassificationLoss:
     frozen_word_embedding: bool = False
     table_path: tuple[str, ...] = WORD_EMBEDDING_PATH
     position_table_path: tuple[str, ...] = POSITION_EMBEDDING_PATH
+    # Examples carry a cached frozen prefix's output (`prefix_hidden`) after this many layers
+    # (`dpbert.tasks.prefix_cache`): the input vectors x are those hidden states; E, P and
+    # the prefix are frozen (train.trainable head / top:K), so only the dense layers above
+    # are tapped.
+    start_layer: int | None = None
 
     def __call__(self, params: nnx.State, example: Example, rng: jax.Array
                  ) -> tuple[jax.Array, Metrics]:
-        return make_classification_loss(self.graphdef, deterministic=self.deterministic)(
-            params, example, rng)
+        return make_classification_loss(self.graphdef, deterministic=self.deterministic,
+                                        start_layer=self.start_layer)(params, example, rng)
 
     @staticmethod
     def lookup_ids(example: Example) -> jax.Array | None:
-        return None if "word_embeddings" in example else example["input_ids"]
+        if "prefix_hidden" in example or "word_embeddings" in example:
+            return None
+        return example["input_ids"]
+
+    @staticmethod
+    def input_vectors(example: Example) -> jax.Array:
+        """x when no ids are looked up: the cached prefix's output, or dχ's vectors."""
+        return example.get("prefix_hidden", example.get("word_embeddings"))
 
     @staticmethod
     def zero_probe(example: Example, vocab_size: int) -> jax.Array:
@@ -195,13 +207,16 @@ class FactoredClassificationLoss:
 
     def _factored(self, model: Any, example: Example, rng: jax.Array, x: jax.Array | None
                   ) -> tuple[jax.Array, tuple[Metrics, jax.Array]]:
+        key = "prefix_hidden" if "prefix_hidden" in example else "word_embeddings"
         if x is not None:
-            # The model adds position and segment vectors to these and runs the same calls
-            # in the same order (same dropout masks) as when it looks the ids up itself.
-            example = dict(example, word_embeddings=x)
+            # The model adds position and segment vectors to these (or continues from the
+            # prefix's output) and runs the same calls in the same order (same dropout masks)
+            # as when it looks the ids up itself.
+            example = dict(example, **{key: x})
         loss, metrics = classification_model_loss(model, example,
-                                                   deterministic=self.deterministic, rng=rng)
-        width = example["word_embeddings"].shape[-1]
+                                                   deterministic=self.deterministic, rng=rng,
+                                                   start_layer=self.start_layer)
+        width = example[key].shape[-1]
         return loss, (metrics, jnp.zeros((0, width), jnp.float32))
 
 

@@ -190,15 +190,33 @@ def test_dp_top_k_never_moves_a_frozen_parameter_and_names_what_trained(toy, tmp
     assert 0 < run["parameters"] < run["total_parameters"]
     assert set(run["groups"]) == {"bert/encoder/layer/1", "bert/pooler/dense", "classifier"}
     assert sorted((tmp_path / "prefix_cache").glob("*.npy"))  # computed once, kept
-    assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "vmap"
+    # dp.clipping="auto": the mixed ghost clipper on the cached prefix's output
+    assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "mixed_ghost"
 
 
-def test_the_ghost_clippers_are_refused_where_the_prefix_is_cached(toy, tmp_path):
-    with pytest.raises(ConfigError, match="dp.clipping='mixed_ghost'.*frozen prefix"):
-        finetuning.finetune(classification.ClassificationTask(), config(toy, **{
-            "model.init_from_hf": str(toy["ckpt"]), "train.trainable": "head",
-            "dp.enabled": True, "dp.clipping": "mixed_ghost", "dp.noise_multiplier": 1.0}),
-            tmp_path / "w")
+@pytest.mark.parametrize("name", ["mixed_ghost", "ghost_embedding"])
+def test_the_ghost_clippers_on_the_cached_prefix_equal_the_vmap_clipper(name):
+    """With the prefix cached, the ghost clippers' inputs are its hidden states (E, P and
+    the prefix frozen): their clipped sum over the trainable top equals VmapClipper's."""
+    model = tiny_classifier()
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    predicate = trainable_lib.parse("top:1", 2).predicate("sequence_classification", 2)
+    rng = np.random.default_rng(3)
+    n, s = 6, 8
+    ids = jnp.asarray(rng.integers(5, 40, (n, s)), jnp.int32)
+    mask_tokens = jnp.asarray(np.arange(s)[None] < rng.integers(3, s + 1, (n, 1)), jnp.int32)
+    batch = {"prefix_hidden": model.bert.prefix(ids, jnp.zeros_like(ids), mask_tokens, 1),
+             "input_mask": mask_tokens, "label": jnp.asarray(rng.integers(0, 2, n), jnp.int32)}
+    loss = task_losses.FactoredClassificationLoss(graphdef, deterministic=False, start_layer=1)
+    mask = jnp.asarray([True] * (n - 1) + [False])
+    clipper = clipping.get_clipper(name).make(0.05, 3, 1, predicate)
+    got, got_m, _ = clipper.clipped_sum(loss, params, batch, mask, jax.random.key(1))
+    want, want_m, _ = clipping.VmapClipper(0.05, 3, 1, predicate).clipped_sum(
+        loss, params, batch, mask, jax.random.key(1))   # same dropout masks (same keys)
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7, err_msg=trees.path_string(path))
+    np.testing.assert_allclose(got_m["loss_sum"], want_m["loss_sum"], rtol=1e-5)
 
 
 def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
