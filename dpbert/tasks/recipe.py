@@ -25,11 +25,12 @@ import copy
 
 AUTO = "auto"
 PLAIN = {"trainable": "all", "expected_batch_size": 32, "physical_batch_size": 32,
-         "learning_rate": 5e-5, "weight_decay": 0.01, "epochs": 2.0}
+         "microbatch_size": None, "learning_rate": 5e-5, "weight_decay": 0.01, "epochs": 2.0}
 DP_TRAINABLE = "top:1"
 DP_MAX_BATCH = 1024
 DP_BATCH_FRACTION = 4        # B = N / 4 at most: at least 4 expected batches per epoch
 DP_PHYSICAL_BATCH = 128
+DP_MICROBATCH = 32           # the clipper's chunk: 1.3x faster than 128 at once on 2 cores
 DP_LEARNING_RATE = 1e-3
 DP_EPOCHS = 5.0
 
@@ -37,6 +38,7 @@ DP_EPOCHS = 5.0
 FIELDS = (("train", "trainable", "trainable"),
           ("batch", "expected_batch_size", "expected_batch_size"),
           ("batch", "physical_batch_size", "physical_batch_size"),
+          ("batch", "microbatch_size", "microbatch_size"),
           ("optimizer", "learning_rate", "learning_rate"),
           ("optimizer", "weight_decay", "weight_decay"),
           ("train", "epochs", "epochs"))
@@ -51,6 +53,8 @@ def values(dp: bool, num_train: int | None) -> dict:
     batch = max(1, min(DP_MAX_BATCH, n // DP_BATCH_FRACTION))
     return {"trainable": DP_TRAINABLE, "expected_batch_size": batch,
             "physical_batch_size": min(DP_PHYSICAL_BATCH, batch),
+            "microbatch_size": (DP_MICROBATCH if min(DP_PHYSICAL_BATCH, batch) % DP_MICROBATCH == 0
+                                else None),
             "learning_rate": DP_LEARNING_RATE, "weight_decay": 0.0, "epochs": DP_EPOCHS}
 
 

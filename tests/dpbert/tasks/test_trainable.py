@@ -230,14 +230,15 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
     c.dp.enabled = True
     dp = recipe.resolve(c, 8454)
     assert (dp.train.trainable, dp.batch.expected_batch_size, dp.batch.physical_batch_size,
-            dp.optimizer.weight_decay, dp.train.epochs) == ("top:1", 1024, 128, 0.0, 5.0)
+            dp.batch.microbatch_size, dp.optimizer.weight_decay, dp.train.epochs) == (
+        "top:1", 1024, 128, 32, 0.0, 5.0)
     assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
     c.train.trainable, c.batch.expected_batch_size = "bitfit", 64     # what the user set stays
     mine = recipe.resolve(c, 8454)
     assert (mine.train.trainable, mine.batch.expected_batch_size) == ("bitfit", 64)
     assert set(recipe.report(mine)["filled"]) == {
-        "batch.physical_batch_size", "optimizer.learning_rate", "optimizer.weight_decay",
-        "train.epochs"}
+        "batch.physical_batch_size", "batch.microbatch_size", "optimizer.learning_rate",
+        "optimizer.weight_decay", "train.epochs"}
     assert c.train.trainable == "bitfit" and c.train.epochs is None  # the input is not changed
 
 
