@@ -79,7 +79,10 @@ def resolve(config, num_train: int | None = None):
     for section, field, key in FIELDS:
         node = config[section]
         if field in node and _unset(node, field):
-            node[field] = chosen[key]
+            value = chosen[key]
+            if field == "microbatch_size" and value and config.batch.physical_batch_size % value:
+                value = None   # a physical batch the user set that the chunk does not divide
+            node[field] = value
             filled.append(f"{section}.{field}")
     with config.unlocked():
         config.recipe_filled = tuple(filled)   # for results.json (`report`)

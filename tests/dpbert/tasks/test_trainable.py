@@ -233,6 +233,9 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
             dp.batch.microbatch_size, dp.optimizer.weight_decay, dp.train.epochs) == (
         "top:1", 1024, 128, 32, 0.0, 5.0)
     assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
+    c.batch.physical_batch_size = 16
+    assert recipe.resolve(c, 8454).batch.microbatch_size is None  # 32 would not divide 16
+    c.batch.physical_batch_size = None
     c.train.trainable, c.batch.expected_batch_size = "bitfit", 64     # what the user set stays
     mine = recipe.resolve(c, 8454)
     assert (mine.train.trainable, mine.batch.expected_batch_size) == ("bitfit", 64)
