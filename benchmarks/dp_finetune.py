@@ -91,9 +91,11 @@ def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: i
     else:
         n = sum(1 for _ in open(sent / f"{dataset}_train.tsv")) - 1
         v = recipe.values(True, n)
+        # Without DP batches are fixed: the physical batch is the logical one.
         args += ["--config.dp.enabled=False", f"--config.train.trainable={trainable}",
                  f"--config.batch.expected_batch_size={v['expected_batch_size']}",
-                 f"--config.batch.physical_batch_size={v['physical_batch_size']}",
+                 f"--config.batch.physical_batch_size={v['expected_batch_size']}",
+                 f"--config.optimizer.name={v['optimizer']}",
                  f"--config.optimizer.learning_rate={v['learning_rate']}",
                  f"--config.optimizer.weight_decay={v['weight_decay']}",
                  f"--config.train.epochs={v['epochs']}"]

@@ -226,12 +226,13 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
     c = finetune_classification.get_config()
     plain = recipe.resolve(c, 8454)
     assert (plain.train.trainable, plain.batch.expected_batch_size, plain.train.epochs,
-            plain.optimizer.learning_rate) == ("all", 32, 2.0, 5e-5)
+            plain.optimizer.name, plain.optimizer.learning_rate) == ("all", 32, 2.0, "adamw", 5e-5)
     c.dp.enabled = True
     dp = recipe.resolve(c, 8454)
     assert (dp.train.trainable, dp.batch.expected_batch_size, dp.batch.physical_batch_size,
             dp.batch.microbatch_size, dp.optimizer.weight_decay, dp.train.epochs) == (
         "top:1", 1024, 128, 32, 0.0, 5.0)
+    assert (dp.optimizer.name, dp.optimizer.learning_rate) == ("sgd", 2.0)  # not Adam
     assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
     c.batch.physical_batch_size = 16
     assert recipe.resolve(c, 8454).batch.microbatch_size is None  # 32 would not divide 16
@@ -240,8 +241,8 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
     mine = recipe.resolve(c, 8454)
     assert (mine.train.trainable, mine.batch.expected_batch_size) == ("bitfit", 64)
     assert set(recipe.report(mine)["filled"]) == {
-        "batch.physical_batch_size", "batch.microbatch_size", "optimizer.learning_rate",
-        "optimizer.weight_decay", "train.epochs"}
+        "batch.physical_batch_size", "batch.microbatch_size", "optimizer.name",
+        "optimizer.learning_rate", "optimizer.weight_decay", "train.epochs"}
     assert c.train.trainable == "bitfit" and c.train.epochs is None  # the input is not changed
 
 
