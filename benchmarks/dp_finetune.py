@@ -148,12 +148,38 @@ def table(out: pathlib.Path, dataset: str) -> tuple[str, dict]:
             + ("—" if x["eps"] is None else f"{max(y['eps'] for y in rows):.3f}") + " | "
             + f"{m:.4f} ± {sd:.4f} | {len(rows)} | "
             + f"{mean_sd([y['minutes'] for y in rows])[0]:.1f} |")
+    lines += ["", *goals(dataset, summary)]
     pre = prefix_seconds(out, dataset)
     if pre:
         lines += ["", "Frozen prefix, computed once per split and option (shared by the runs "
                   "above, not in their minutes): " + "; ".join(
                       f"{k} {v / 60:.1f} min" for k, v in sorted(pre.items())) + "."]
     return "\n".join(lines), summary
+
+
+GOALS = {"rt": {8.0: 0.76, 3.0: 0.72, 1.0: 0.65}}
+
+
+def goals(dataset: str, summary: dict) -> list[str]:
+    """The issue's goals, each as measured (means over the cell's seeds)."""
+    recipe = _recipe()
+    out = []
+    plain = summary.get(("plain", recipe.DP_TRAINABLE, None))
+    for eps, bar in GOALS.get(dataset, {}).items():
+        cell = summary.get(("dp", "default", eps))
+        if cell:
+            out.append(f"* goal ε = {eps:g} ≥ {bar}: {'met' if cell[0] >= bar else 'NOT met'} "
+                       f"({cell[0]:.3f})")
+    cell = summary.get(("dp", "default", 8.0))
+    if cell and plain:
+        out.append(f"* ε = 8 within 3 points of the same choice without DP: "
+                   f"{'yes' if plain[0] - cell[0] <= 0.03 else 'no'} "
+                   f"({cell[0]:.3f} vs {plain[0]:.3f})")
+    if cell and dataset != "rt":
+        floor = majority_rate(dataset)
+        out.append(f"* ε = 8 above the majority rate by ≥ 10 points: "
+                   f"{'yes' if cell[0] - floor >= 0.10 else 'no'} ({cell[0]:.3f} vs {floor:.3f})")
+    return out
 
 
 def plot(summaries: dict) -> None:

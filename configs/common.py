@@ -470,8 +470,8 @@ def finetune_config() -> ml_collections.ConfigDict:
     # The recipe (dpbert.tasks.recipe) fills what is left unset (None, trainable "auto") from
     # N and dp.enabled: without DP all parameters, B 32, lr 5e-5, weight decay 0.01, 2 epochs;
     # with DP the top layer and the head (train.trainable=top:1), B = min(1024, N/4) (physical
-    # 128, microbatch 32), SGD with momentum lr 2.0, no weight decay, 5 epochs. A value set
-    # here or by a flag is kept.
+    # 128, microbatch 32), SGD with momentum lr 2.0 (AdamW if only the learning rate is set),
+    # no weight decay, 5 epochs. A value set here or by a flag is kept.
     c.train.trainable = "auto"
     c.batch.expected_batch_size = config_dict.placeholder(int)
     c.batch.physical_batch_size = config_dict.placeholder(int)

@@ -83,6 +83,10 @@ def resolve(config, num_train: int | None = None):
     `recipe` field says which were filled and from what rule."""
     config = copy.deepcopy(config)
     chosen = values(bool(config.dp.enabled), num_train)
+    if config.optimizer.get("learning_rate") is not None:
+        # A learning rate the user set was meant for the documented optimizer (AdamW); the
+        # recipe's SGD step (2.0) comes only with its own learning rate.
+        chosen["optimizer"] = PLAIN["optimizer"]
     filled = list(config.get("recipe_filled") or ())
     for section, field, key in FIELDS:
         node = config[section]

@@ -234,6 +234,9 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
         "top:1", 1024, 128, 32, 0.0, 5.0)
     assert (dp.optimizer.name, dp.optimizer.learning_rate) == ("sgd", 2.0)  # not Adam
     assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
+    c.optimizer.learning_rate = 1e-4   # set without the optimizer: AdamW, as documented
+    assert recipe.resolve(c, 8454).optimizer.name == "adamw"
+    c.optimizer.learning_rate = None
     c.batch.physical_batch_size = 16
     assert recipe.resolve(c, 8454).batch.microbatch_size is None  # 32 would not divide 16
     c.batch.physical_batch_size = None
