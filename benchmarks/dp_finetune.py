@@ -118,7 +118,7 @@ def row(r: dict) -> dict:
             "noise": None if sigma is None else sigma * d ** 0.5 / b,
             "eps": dp["training"]["epsilon"] if dp else None,
             "minutes": r["wall_seconds"] / 60, "epochs": r["schedule"]["epochs"],
-            "spec": r["trainable"]["spec"], "lr": None}
+            "spec": r["trainable"]["spec"]}
 
 
 def table(out: pathlib.Path, dataset: str) -> tuple[str, dict]:
