@@ -33,10 +33,9 @@ def get_config(arg: str | None = None):
     # `stride` pieces; all windows of a document form one training example (the privacy unit).
     c.data.max_seq_length = 128
     c.data.stride = 64
-    # Documents per batch (one document = many windows).
-    c.batch.expected_batch_size = 8
-    c.batch.physical_batch_size = 8
-    c.train.epochs = 4.0
+    # Documents per batch (one document = many windows) and epochs are the recipe's
+    # (dpbert.tasks.recipe): without DP 8 documents per batch and 4 epochs; with DP-SGD the DP
+    # recipe (top:1, B = min(1024, N/4), SGD, ...), as for classification.
     c.train.log_every = 10
     c.train.eval_batch_size = 64
     c.dp.target_epsilon = 8.0

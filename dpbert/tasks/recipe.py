@@ -28,6 +28,10 @@ AUTO = "auto"
 PLAIN = {"trainable": "all", "expected_batch_size": 32, "physical_batch_size": 32,
          "microbatch_size": None, "optimizer": "adamw", "learning_rate": 5e-5,
          "weight_decay": 0.01, "epochs": 2.0}
+# A task's own values without DP (config.task -> recipe keys), over PLAIN: NER batches whole
+# documents (each many windows), so fewer per batch, more epochs. With DP the task takes the
+# DP recipe like any other (one document = one unit).
+TASK_PLAIN = {"ner": {"expected_batch_size": 8, "physical_batch_size": 8, "epochs": 4.0}}
 DP_TRAINABLE = "top:1"
 DP_MAX_BATCH = 1024
 DP_BATCH_FRACTION = 4        # B = N / 4 at most: at least 4 expected batches per epoch
@@ -51,11 +55,11 @@ FIELDS = (("train", "trainable", "trainable"),
           ("train", "epochs", "epochs"))
 
 
-def values(dp: bool, num_train: int | None) -> dict:
+def values(dp: bool, num_train: int | None, task: str = "") -> dict:
     """The recipe's values; num_train None: before the data is read (B then assumes a
-    large N; `resolve` runs again with the count)."""
+    large N; `resolve` runs again with the count); task: config.task (TASK_PLAIN)."""
     if not dp:
-        return dict(PLAIN)
+        return {**PLAIN, **TASK_PLAIN.get(task, {})}
     n = DP_MAX_BATCH * DP_BATCH_FRACTION if num_train is None else int(num_train)
     batch = max(1, min(DP_MAX_BATCH, n // DP_BATCH_FRACTION))
     return {"trainable": DP_TRAINABLE, "expected_batch_size": batch,
@@ -82,7 +86,7 @@ def resolve(config, num_train: int | None = None):
     """A copy of `config` with every unset recipe field filled (module docstring); its
     `recipe` field says which were filled and from what rule."""
     config = copy.deepcopy(config)
-    chosen = values(bool(config.dp.enabled), num_train)
+    chosen = values(bool(config.dp.enabled), num_train, config.get("task", ""))
     if config.optimizer.get("learning_rate") is not None:
         # A learning rate the user set was meant for the documented optimizer (AdamW); the
         # recipe's SGD step (2.0) comes only with its own learning rate.
@@ -110,5 +114,7 @@ def report(config) -> dict:
                      "dp.target_epsilon (dpbert.tasks.recipe)"
                      % (DP_TRAINABLE, DP_MAX_BATCH, DP_BATCH_FRACTION, DP_OPTIMIZER,
                         DP_LEARNING_RATE, DP_EPOCHS)) if config.dp.enabled else
-            "without DP: all parameters, B = 32, lr 5e-5, weight decay 0.01, 2 epochs"}
+            "without DP: all parameters, B = {expected_batch_size}, lr {learning_rate:g}, weight "
+            "decay {weight_decay:g}, {epochs:g} epochs".format(
+                **values(False, None, config.get("task", "")))}
 

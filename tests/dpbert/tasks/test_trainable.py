@@ -267,3 +267,18 @@ def test_dp_ner_with_the_head_only_keeps_the_encoder_bitwise(toy, tmp_path):
         if k[0] == "bert":
             np.testing.assert_array_equal(v, hf.from_hf_tensor(k, source[hf.hf_key(k)]))
     assert not (tmp_path / "w" / "prefix_cache").exists()
+
+
+def test_ner_takes_its_own_values_without_dp_and_the_dp_recipe_with_it():
+    from configs import finetune_ner
+    from dpbert.tasks import recipe
+
+    c = finetune_ner.get_config()
+    plain = recipe.resolve(c, 136)
+    assert (plain.train.trainable, plain.batch.expected_batch_size,
+            plain.batch.physical_batch_size, plain.train.epochs) == ("all", 8, 8, 4.0)
+    assert "B = 8" in recipe.report(plain)["rule"]
+    c.dp.enabled = True
+    dp = recipe.resolve(c, 2000)   # one document = one unit: B from the documents
+    assert (dp.train.trainable, dp.batch.expected_batch_size, dp.optimizer.name) == (
+        "top:1", 500, "sgd")
