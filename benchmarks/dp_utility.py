@@ -77,10 +77,31 @@ _NER_EPOCHS = flags.DEFINE_float("ner_epochs", 2.0, "NER fine-tuning epochs")
 _NER_STRIDE = flags.DEFINE_integer("ner_stride", 126, "NER window stride (126 = no overlap)")
 _NER_LR = flags.DEFINE_float("ner_learning_rate", 1e-4, "NER fine-tuning learning rate")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
+# What every cell trains (issue 31): all parameters as in the paper, or the top layers and the
+# MLM head only (train.trainable=top:K), which cuts the d of σ √d / B. A choice other than "all"
+# writes its own section and plots (suffixed by the choice), beside the "all" ones.
+_TRAINABLE = flags.DEFINE_string("trainable", "all", "train.trainable of every cell")
 
-HEADING = "## DP vs utility: continued pretraining on clinical notes (Hoory et al., small scale)"
-PLOT = REPO / "docs" / "dp_utility.png"
-EXPOSURE_PLOT = REPO / "docs" / "dp_utility_exposure.png"
+_HEADING = "## DP vs utility: continued pretraining on clinical notes (Hoory et al., small scale)"
+
+
+def _suffix() -> str:
+    return "" if _TRAINABLE.value == "all" else "_" + _TRAINABLE.value.replace(":", "")
+
+
+def heading() -> str:
+    return _HEADING + ("" if _TRAINABLE.value == "all"
+                       else f", train.trainable={_TRAINABLE.value}")
+
+
+def plot_path() -> pathlib.Path:
+    return REPO / "docs" / f"dp_utility{_suffix()}.png"
+
+
+def exposure_plot_path() -> pathlib.Path:
+    return REPO / "docs" / f"dp_utility_exposure{_suffix()}.png"
+
+
 SAMPLE = DATA / "clinical" / "NOTEEVENTS_sample.csv.gz"
 PUBLIC = "public"  # the name of the no-continued-pretraining checkpoint
 TOP_REPETITIONS = 100
@@ -105,7 +126,7 @@ class Cell:
     @property
     def name(self) -> str:   # the cache folder: everything that changes the result
         return (f"eps_{'inf' if not self.dp else f'{self.eps:g}'}_notes{_NOTES.value}_T{self.steps}"
-                f"_B{self.batch}_seq{_SEQ.value}_lr{self.lr:g}_w{self.warmup}")
+                f"_B{self.batch}_seq{_SEQ.value}_lr{self.lr:g}_w{self.warmup}{_suffix()}")
 
 
 def cells() -> list[Cell]:
@@ -200,7 +221,8 @@ def continued_pretraining(out: pathlib.Path, cell: Cell, public: pathlib.Path,
            f"--config.checkpoint.every_steps={max(1, cell.steps // 5)}",
            "--config.data.canaries.enabled=True",
            f"--config.data.canaries.per_setting={_PER_SETTING.value}",
-           f"--config.dp.clip_norm={_CLIP.value}", f"--config.dp.delta={_DELTA.value}"]
+           f"--config.dp.clip_norm={_CLIP.value}", f"--config.dp.delta={_DELTA.value}",
+           f"--config.train.trainable={_TRAINABLE.value}"]
     if cell.dp:
         cmd += ["--config.dp.noise_multiplier=none", f"--config.dp.target_epsilon={cell.eps}"]
     else:
@@ -256,6 +278,14 @@ def num_params(hf: pathlib.Path) -> int:
 
     with safe_open(hf / "model.safetensors", framework="numpy") as f:
         return sum(int(math.prod(f.get_slice(k).get_shape())) for k in f.keys())
+
+
+def trainable_params(cell: pathlib.Path, public: pathlib.Path) -> int:
+    """d: the parameters a cell trains (run.json's trainable count; the export's size for
+    runs written before train.trainable existed)."""
+    run = cell / "train" / "run.json"
+    found = json.loads(run.read_text()).get("trainable") if run.is_file() else None
+    return int(found["parameters"]) if found else num_params(public)
 
 
 def noise_to_signal(sigma: float, d: int, batch: float) -> float:
@@ -340,8 +370,8 @@ def plot(cs: list[Cell], acc, f1, public_acc, public_f1) -> None:
         ax.set_title(title)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    PLOT.parent.mkdir(exist_ok=True)
-    fig.savefig(PLOT, dpi=110)
+    plot_path().parent.mkdir(exist_ok=True)
+    fig.savefig(plot_path(), dpi=110)
 
 
 def plot_exposure(cs: list[Cell], expo: dict) -> None:
@@ -366,7 +396,7 @@ def plot_exposure(cs: list[Cell], expo: dict) -> None:
     ax.set_title(f"Secret-sharer exposure, {3 * _PER_SETTING.value} canaries per point")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(EXPOSURE_PLOT, dpi=110)
+    fig.savefig(exposure_plot_path(), dpi=110)
 
 
 def main(argv):
@@ -404,7 +434,7 @@ def main(argv):
     f1 = {c: mean_sd(f1s[c.name]) for c in cs}
     public_f1 = mean_sd(f1s[PUBLIC])
     n_train = next(iter(reports.values()))["num_examples"] if reports else None
-    d = num_params(public)
+    d = trainable_params(next(iter(folders.values())), public)
     nsr = {c: noise_to_signal(sigmas[c], d, c.batch) for c in sigmas}
     floor = expo["runs"][0]["floor_theory"]
 
@@ -423,10 +453,11 @@ def main(argv):
     import jax  # noqa: PLC0415 - only for its version
 
     dp_sigmas = sorted(sigmas.items(), key=lambda x: x[0].eps)
-    text = [HEADING, "",
+    text = [heading(), "",
             f"`PYTHONPATH=. python benchmarks/dp_utility.py` (defaults: --notes={_NOTES.value} "
             f"--batch={_BATCH.value} --steps={_STEPS.value} --plain_batch={_PLAIN_BATCH.value} "
-            f"--plain_steps={_PLAIN_STEPS.value} --ner_seeds={_NER_SEEDS.value}) on "
+            f"--plain_steps={_PLAIN_STEPS.value} --ner_seeds={_NER_SEEDS.value} "
+            f"--trainable={_TRAINABLE.value}) on "
             f"{platform.machine()}, {os.cpu_count()} CPU cores, JAX {jax.__version__}; load "
             f"average {os.getloadavg()[0]:.1f} at the end of this invocation (runs are cached). "
             f"The {len(cs)} pretraining cells took "
@@ -457,8 +488,10 @@ def main(argv):
             f"{_NER_EPOCHS.value:g} epochs, windows every {_NER_STRIDE.value} pieces, lr "
             f"{_NER_LR.value:g}, no privacy in fine-tuning; mean ± sd over "
             f"{_NER_SEEDS.value} seed(s) (sd 0 with one seed).",
-            f"* Plots: `docs/{PLOT.name}` (MLM accuracy and F1 vs ε), "
-            f"`docs/{EXPOSURE_PLOT.name}` (exposure vs repetitions, every cell; per form in "
+            f"* Trained: `train.trainable={_TRAINABLE.value}` ({d:,} parameters: clipped, "
+            "noised and updated; the rest frozen).",
+            f"* Plots: `docs/{plot_path().name}` (MLM accuracy and F1 vs ε), "
+            f"`docs/{exposure_plot_path().name}` (exposure vs repetitions, every cell; per form in "
             "the product's own figure, `exposure.png` of the exposure run).", "",
             f"| model | steps x batch | σ | noise / signal | claimed ε | held-out MLM acc. | "
             f"exposure at n = {TOP_REPETITIONS} | audit: ε ≥ (correct/guesses) | NER F1 | "
@@ -477,7 +510,7 @@ def main(argv):
         text.append(f"* WARNING: the cells' step-0 held-out accuracies differ: {sorted(starts)}")
     text = "\n".join(text) + "\n"
     print(text)
-    bench_report.write_section(HEADING, text, keep_subsections=True)  # keeps "### Reading"
+    bench_report.write_section(heading(), text, keep_subsections=True)  # keeps "### Reading"
     plot(cs, acc, f1, public_acc, public_f1)
     plot_exposure(cs, expo)
 

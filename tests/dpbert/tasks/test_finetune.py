@@ -494,6 +494,27 @@ def test_ner_end_to_end_learns_entities_and_exports_token_classification(toy, tm
     assert not any(info.values()) and model.config.num_labels == len(results["labels"])
 
 
+def test_ner_under_dp_sgd_trains_the_recipes_top_layer_per_document(toy, tmp_path):
+    """NER under DP (issue 31): one document = one unit; with train.trainable unset the DP
+    recipe trains the top layer and the classifier; the rest is the checkpoint's, bitwise."""
+    from safetensors.numpy import load_file
+
+    results = finetuning.run(ner_config(toy, tmp_path, **{
+        "dp.enabled": True, "dp.noise_multiplier": 2.0, "dp.target_epsilon": None,
+        "train.epochs": 1.0}), tmp_path / "w")
+    assert results["trainable"]["spec"] == "top:1" and "one document" in (
+        results["privacy"]["privacy_unit"])
+    assert results["privacy"]["dp_sgd"]["training"]["epsilon"] > 0
+    before = load_file(str(toy["ckpt"] / "model.safetensors"))
+    after = load_file(str(tmp_path / "w" / "hf" / "model.safetensors"))
+    frozen = [k for k in after if k in before and ".embeddings." in k]   # the toy: 1 layer
+    top = [k for k in after if k in before and ".layer.0." in k and k.endswith("weight")]
+    assert frozen and top
+    for k in frozen:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    assert any(not np.array_equal(after[k], before[k]) for k in top)
+
+
 # ----------------------------------------------------------------------------- OME (issue 13)
 
 
