@@ -99,6 +99,10 @@ class PretrainingTask:
              f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
              f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
              f"'ghost_embedding' or 'vmap'")
+        try:  # the data fields (held-out split per unit, ...) before any vocabulary is built
+            pretraining_data.check_config(config.data, config.dp.privacy_unit)
+        except ValueError as e:
+            raise ConfigError(f"config.{e}") from None
         need(config.model.max_position_embeddings >= config.data.max_seq_length,
              "model.max_position_embeddings", config.model.max_position_embeddings,
              f"must be >= data.max_seq_length ({config.data.max_seq_length})")
@@ -338,7 +342,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 max_bad_fraction=data.max_bad_fraction,
                 unit=(privacy_units.get(config.dp.privacy_unit).vocab_record
                       if data.corpus == "noteevents" else privacy_units.DOCUMENT_RECORD),
-                duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
+                duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE),
+                knobs=("--config.vocab.epsilon", "--config.vocab.size"))
         hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 

@@ -160,3 +160,27 @@ def test_a_folder_whose_model_is_in_hf_gets_the_hint(cache_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"has no vocab.txt; its model is probably .*demo/hf "
                                           r"\(--config.model.init_from_hf=.*demo/hf\)"):
         train.prepare_vocab(c, c.data, tmp_path / "work")
+
+
+def test_the_small_vocabulary_warning_names_the_runs_config_fields():
+    """A vocabulary the run builds is tuned by --config.vocab.epsilon / --config.vocab.size,
+    not by launch/build_vocab.py's --epsilon (which the warning used to name)."""
+    import inspect
+
+    from data_pipelines import dp_vocab
+
+    (msg,) = dp_vocab._check_learned(1, 1, 200, 50, None, 0,  # noqa: SLF001
+                                     ("--config.vocab.epsilon", "--config.vocab.size"))
+    assert "a larger --config.vocab.epsilon or a smaller --config.vocab.size" in msg
+    assert 'knobs=("--config.vocab.epsilon", "--config.vocab.size")' in inspect.getsource(
+        train.prepare_vocab)
+
+
+def test_the_held_out_split_of_a_patient_run_is_checked_before_the_vocabulary(cache_dir,
+                                                                              tmp_path):
+    c = small_config(cache_dir, **{"dp.privacy_unit": "patient", "dp.clipping": "vmap",
+                                   "data.eval_split_unit": "document"})
+    with pytest.raises(ConfigError, match=r"config.data.eval_split_unit='document': "
+                                          r"privacy_unit='patient' holds out whole patients"):
+        train.train_and_evaluate(c, tmp_path / "run")
+    assert not (tmp_path / "run" / "vocab").exists()
