@@ -25,14 +25,20 @@ INSTALL_REQUIRES = [
     "matplotlib>=3.8,<4",
 ]
 
-TEST_REQUIRES = [
-    "pytest>=8,<10",
-    # Two test workers (pytest.ini): the suite's wall time on 2 cores (21 -> 15 min).
-    "pytest-xdist>=3.5,<4",
+# Loading an export with Hugging Face transformers (`pip install -e ".[hf]"`).
+HF_REQUIRES = [
     # Exactly this version: a CPU wheel of it lies on the build machines' disk; any
     # other torch requirement resolves to a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers>=5,<6",
+]
+
+TEST_REQUIRES = [
+    "pytest>=8,<10",
+    # Two test workers (pytest.ini): the suite's wall time on 2 cores (21 -> 15 min).
+    "pytest-xdist>=3.5,<4",
+    # transformers is the client that must load our exports.
+    *HF_REQUIRES,
     # The reference implementation the entity-level F1 of data_pipelines.ner_metrics is tested against.
     "seqeval>=1.2.2,<1.3",
 ]
@@ -46,5 +52,5 @@ setuptools.setup(
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["dpbert", "dpbert.*", "data_pipelines", "data_pipelines.*", "configs"]),
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"hf": HF_REQUIRES, "test": TEST_REQUIRES},
 )

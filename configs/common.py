@@ -156,8 +156,19 @@ def get_config() -> ml_collections.ConfigDict:
     # ghost_embedding per note / patient (mixed_ghost clips one sequence); the run's
     # config.json names the clipper used.
     c.dp.clipping = "auto"
-    # Stop at the last step whose epsilon is <= this (None = no budget; train.num_steps decides).
+    # The TRAINING's epsilon budget: stop at the last step whose training epsilon (DP-SGD,
+    # composed with a starting model's on the same data) is <= this (None = no budget;
+    # train.num_steps decides). The run's total adds the vocabulary's cost (dp.total_epsilon).
     c.dp.target_epsilon = config_dict.placeholder(float)
+    # A budget for EVERYTHING that reads the private corpus: the run's total epsilon (the
+    # report's headline: the DP vocabulary under the training's unit + training + a starting
+    # model's other vocabularies) stays <= this. Rule: the vocabulary spends what vocab.epsilon
+    # costs under the training's neighbouring relation (computed from its mechanism as the
+    # report does); the training gets the rest as its target epsilon (sigma calibrated to it
+    # when dp.noise_multiplier is None, else the steps are capped). Refused when the vocabulary
+    # alone spends it; with dp.target_epsilon also set, that is the training's part and the sum
+    # must fit. None = no total budget.
+    c.dp.total_epsilon = config_dict.placeholder(float)
     # delta of the (epsilon, delta) guarantee; must be < 1 / N (N = training examples, or units
     # with privacy_unit note / patient).
     c.dp.delta = 1e-6

@@ -29,7 +29,7 @@ def get_config(arg: str | None = None):
     c.dp.clip_norm = 1.0
     c.dp.target_epsilon = 1.0
     c.dp.delta = 1e-5
-    # Poisson batches of expected size 128 (N is about 17k) fit 192 slots except with
+    # Poisson batches of expected size 128 (N is about 24k sequences) fit 192 slots except with
     # probability < 1e-6 per step (a truncation that the accountant includes anyway), so one
     # jitted call per logical batch.
     c.dp.overflow_probability = 1e-6

@@ -358,7 +358,8 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                 progress: bool = True,
                 max_bad_fraction: float = corpora.DEFAULT_MAX_BAD_FRACTION,
                 min_learned_tokens: int = 0, unit: str = privacy_units.DOCUMENT_RECORD,
-                duplicate_ids: str = identity.DEFAULT_RULE) -> VocabResult:
+                duplicate_ids: str = identity.DEFAULT_RULE,
+                knobs: tuple[str, str] = ("--epsilon", "--vocab_size")) -> VocabResult:
     """Builds ``vocab.txt`` (+ privacy report) from a private corpus.
 
     Every parameter is checked before the corpus is read, the per-word conditions after
@@ -472,7 +473,7 @@ def build_vocab(input_path: str | os.PathLike[str], fmt: str, vocab_size: int,
                                           num_unused)
     t_train = time.perf_counter() - t_train
     warnings = _check_learned(num_learned, len(word_counts), vocab_size - floor,
-                              num_examples, privacy, min_learned_tokens)
+                              num_examples, privacy, min_learned_tokens, knobs)
 
     report = make_report(privacy, fmt, epsilon, delta, max_words_per_example, vocab_size,
                          num_learned, num_unused, do_lower_case, seed, num_examples,
@@ -515,7 +516,8 @@ def _check_sizes(vocab_size: Any, num_unused: Any) -> None:
 
 
 def _check_learned(num_learned: int, num_surviving: int, slots: int, num_examples: int,
-                   privacy: HistogramPrivacy | None, min_learned_tokens: int) -> list[str]:
+                   privacy: HistogramPrivacy | None, min_learned_tokens: int,
+                   knobs: tuple[str, str] = ("--epsilon", "--vocab_size")) -> list[str]:
     """Refuses a vocabulary with fewer than ``min_learned_tokens`` learned tokens; returns
     warnings (also logged) when fewer than SMALL_VOCAB_SHARE of the ``slots`` beyond the
     fixed part were learned."""
@@ -528,13 +530,13 @@ def _check_learned(num_learned: int, num_surviving: int, slots: int, num_example
             f"{num_learned} learned tokens: {num_surviving} word(s) survived and "
             f"{'none adds' if num_learned == 0 else 'too few add'} a token beyond the public "
             f"alphabet; {why}. The corpus is too small for this vocabulary: use more text, a "
-            f"larger --epsilon, or an existing (public) vocab.txt")
+            f"larger {knobs[0]}, or an existing (public) vocab.txt")
     if slots > 0 and num_learned < SMALL_VOCAB_SHARE * slots:
         msg = (f"DP vocabulary too small to be useful? only {num_learned} learned tokens for "
                f"{slots} slots ({100.0 * num_learned / slots:.0f} %; the rest of vocab.txt is "
                f"[unusedN] padding and most words will split into characters): "
-               f"{num_surviving} words survived; {why}. More text, a larger --epsilon or a "
-               f"smaller --vocab_size give a denser vocabulary")
+               f"{num_surviving} words survived; {why}. More text, a larger {knobs[0]} or a "
+               f"smaller {knobs[1]} give a denser vocabulary")
         logging.warning("%s", msg)
         return [msg]
     return []

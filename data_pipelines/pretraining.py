@@ -39,7 +39,7 @@ _log = logging.getLogger(__name__)
 CORPUS_KINDS = ("text", "noteevents", "synthetic", "tfds")
 
 
-def _check_config(cfg: ml_collections.ConfigDict, privacy_unit: str = "example") -> None:
+def check_config(cfg: ml_collections.ConfigDict, privacy_unit: str = "example") -> None:
     """One clear error per bad field (names the key and the value)."""
     def bad(key: str, why: str) -> ValueError:
         return ValueError(f"data.{key}={cfg.get(key)!r}: {why}")
@@ -389,7 +389,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
       FileNotFoundError: a missing corpus file / vocab / unprepared TFDS dataset (naming it).
     """
     cfg = data_config
-    _check_config(cfg, privacy_unit)
+    check_config(cfg, privacy_unit)
     vocab_file = os.fspath(vocab_file)
     tok = tokenization.WordPieceTokenizer(vocab_file, do_lower_case=cfg.do_lower_case)
     fingerprint = _instances_fingerprint(cfg, vocab_file, privacy_unit)

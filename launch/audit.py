@@ -54,11 +54,12 @@ def main(argv):
                               score=_SCORE.value, confidence=_CONFIDENCE.value, devices=devices)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         cli.fail(NAME, str(e))
-    claimed = (f"{res['claimed_epsilon']:.4g} at delta {res['claimed_delta']:g}" if res["dp"]
+    claimed = (f"{res['claimed_epsilon']:.4g} at delta {res['claimed_delta']:g} (the run's "
+               f"total: {res['total_epsilon'] or float('nan'):.4g})" if res["dp"]
                else "infinite (no DP)")
     print(f"audit: epsilon >= {res['epsilon_lower_bound']:.3f} with confidence "
           f"{res['confidence']:g} (delta {res['delta']:g}; {res['correct']}/{res['guesses']} "
-          f"guesses correct, m = {res['m']}); claimed epsilon {claimed}"
+          f"guesses correct, m = {res['m']}); claimed training epsilon {claimed}"
           + ("" if res["consistent"] else "  <-- EXCEEDS THE CLAIM: a privacy bug?"))
     print(f"wrote {_OUT.value}/results.json")
 

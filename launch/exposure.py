@@ -71,8 +71,10 @@ def main(argv):
                 "exposure = log2|R| - log2 rank of the secret among the candidate set R by the "
                 "MLM at the masked secret position (ties not counted); exposure_extrapolated = "
                 "-log2 F(loss of the secret), F a skew-normal fitted to the other candidates' "
-                "losses; repetitions 0 = never-planted reference canaries (the floor, about "
-                "1/ln 2 = 1.44 bits)",
+                "losses; repetitions 0 = never-planted reference canaries (the floor: "
+                "floor_theory = log2|R| - log2(|R|!)/|R|, 1.27 bits for |R| = 21, -> 1/ln 2 = "
+                "1.44 as |R| grows); epsilon is the training's (the claim canaries test), "
+                "total_epsilon the run's headline",
         "runs": [{"label": r["label"], **r["run"]} for r in runs],
         "canaries": [{"run": r["label"], **row} for r in runs for row in r["canaries"]],
         "summary": [{"run": r["label"], **row} for r in runs for row in r["summary"]],
@@ -81,13 +83,15 @@ def main(argv):
     exposure.plot(runs, out / "exposure.png")
     for r in runs:
         run = r["run"]
-        eps = f"epsilon {run['epsilon']:.3g}" if run["dp"] else "no DP"
+        eps = (f"training epsilon {run['epsilon']:.3g}, total "
+               f"{run['total_epsilon'] or float('nan'):.3g}" if run["dp"] else "no DP")
         print(f"{r['label']} (step {run['step']}, {eps}, |R| = {run['num_candidates']}, floor "
               f"{run['floor_theory']:.2f} bits):")
         for s in r["summary"]:
             ext = s["exposure_extrapolated_mean"]
             print(f"  {s['form']:>6} x{s['repetitions']:<6} n={s['n']:<3} exposure "
-                  f"{s['exposure_mean']:6.2f} ± {s['exposure_sd']:.2f}"
+                  f"{s['exposure_mean']:6.2f}"
+                  + (f" ± {s['exposure_sd']:.2f}" if s["exposure_sd"] is not None else "")
                   + (f"  extrapolated {ext:7.2f}" if ext is not None else ""))
     print(f"wrote {out / 'results.json'} and {out / 'exposure.png'}")
 

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import abc
 import functools
+import contextlib
+import logging as std_logging
 import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -160,6 +162,27 @@ class Accountant(abc.ABC):
 
 
 # ----------------------------------------------------------------------------------------- RDP
+
+class _DropRdpWarnings(std_logging.Filter):
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not record.pathname.endswith("rdp_privacy_accountant.py")
+
+
+@contextlib.contextmanager
+def _rdp_probe():
+    """The PLD accountant's searches start from an RDP estimate that probes far-off noise
+    multipliers; dp_accounting's RDP code warns there of series that do not converge at some
+    orders (dozens per run). RDP is then not the accountant in use and every number reported
+    is the PLD's, so those warnings are dropped while the probe runs (absl logs to the
+    python logger "absl")."""
+    quiet = _DropRdpWarnings()
+    logger = std_logging.getLogger("absl")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
 
 def _rdp_sigma(spec: AccountingSpec, steps: int, target_epsilon: float, tol: float) -> float:
     """RDP calibration of the effective sigma of plain Poisson sampling
@@ -339,7 +362,8 @@ class PldAccountant(Accountant):
         2. Brent's method on log(epsilon) versus log(sigma) (nearly linear) with the fast PLD
         on the reporting grid, typically 4-6 evaluations."""
         if not _truncates(spec):
-            start = _rdp_sigma(spec, steps, target_epsilon, tol=1e-4)
+            with _rdp_probe():
+                start = _rdp_sigma(spec, steps, target_epsilon, tol=1e-4)
         else:
             start = self.calibrate(spec.replace(max_batch_size=None), steps, target_epsilon,
                                    rtol)
@@ -370,9 +394,10 @@ class PldAccountant(Accountant):
         start = 1
         if not prior and not _truncates(spec):
             rdp_spec = spec.replace(accountant=RDP.name)
-            start = max(1, last_true(
-                lambda t: t == 0 or rdp_spec.epsilon(t) <= target_epsilon, 1, upper_limit,
-                first_step=1))
+            with _rdp_probe():
+                start = max(1, last_true(
+                    lambda t: t == 0 or rdp_spec.epsilon(t) <= target_epsilon, 1,
+                    upper_limit, first_step=1))
         sigma_eff = spec.effective_noise_multiplier
         fast = last_true(
             lambda t: (t == 0 and not prior) or _fast_pld_epsilon(

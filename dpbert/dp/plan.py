@@ -145,6 +145,16 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
     def d(cond: bool, field: str, why: str) -> None:
         need(cond, f"dp.{field}", dp.get(field), why)
 
+    total = dp.get("total_epsilon")
+    if total is not None:
+        d(dp.enabled, "total_epsilon", "budgets DP-SGD training (with the vocabulary): set "
+          "dp.enabled=True, or unset it (=None)")
+        d(total > 0 and math.isfinite(total), "total_epsilon", "must be a positive finite number")
+        if dp.target_epsilon is not None:
+            d(dp.target_epsilon < total, "total_epsilon",
+              f"is the budget of the vocabulary AND the training, so it must exceed the "
+              f"training's own dp.target_epsilon={dp.target_epsilon}; set one of them (unset "
+              "the other with =None)")
     b(batch.expected_batch_size > 0, "expected_batch_size", "must be > 0")
     b(isinstance(batch.physical_batch_size, int) and batch.physical_batch_size > 0,
       "physical_batch_size", "must be a positive integer")
@@ -168,8 +178,9 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
         d(dp.get("unit_loss") in UNIT_LOSSES, "unit_loss", f"must be one of {UNIT_LOSSES}")
     d(dp.clip_norm > 0 and math.isfinite(dp.clip_norm), "clip_norm",
       "must be a positive finite number")
-    d(dp.noise_multiplier is not None or dp.target_epsilon is not None, "noise_multiplier",
-      "give a noise multiplier, or dp.target_epsilon to calibrate one")
+    d(dp.noise_multiplier is not None or dp.target_epsilon is not None or total is not None,
+      "noise_multiplier", "give a noise multiplier, or dp.target_epsilon (training) or "
+      "dp.total_epsilon (vocabulary + training) to calibrate one")
     if dp.noise_multiplier is not None:
         d(dp.noise_multiplier > 0, "noise_multiplier", "must be > 0 with DP on")
     if dp.target_epsilon is not None:
@@ -310,8 +321,8 @@ def _noise_multiplier(dp, spec: accounting.AccountingSpec, num_steps: int,
         raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: the starting model's "
                           f"training on this data (model.init_data='same') already spends it: "
                           f"{e}") from None
-    logging.info("calibrated noise multiplier %.4f for epsilon %.3f at %d steps%s", sigma,
-                 dp.target_epsilon, num_steps,
+    logging.info("calibrated noise multiplier %.4f for training epsilon %.3f at %d steps%s",
+                 sigma, dp.target_epsilon, num_steps,
                  " (after the starting model's training)" if inherited else "")
     return sigma
 
@@ -347,8 +358,12 @@ def _budget(dp, ledger: ledger_lib.PrivacyLedger, num_steps: int,
                  f"{ledger.epsilon(0):.4g} before the first step; model.init_data='same')"
                  if ledger.inherited else "")
         raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: not even one step "
-                          f"fits the budget with noise multiplier "
-                          f"{ledger.current.noise_multiplier}{spent}")
+                          f"fits the training's budget with noise multiplier "
+                          f"{ledger.current.noise_multiplier}{spent}. Set "
+                          "dp.noise_multiplier=None (sigma is then calibrated so that "
+                          "train.num_steps steps spend the budget), a larger "
+                          "dp.noise_multiplier, a smaller batch.expected_batch_size (q = B/N), "
+                          "or a larger budget")
     if num_steps < start_step:
         raise ConfigError(
             f"config.dp.target_epsilon={dp.target_epsilon}: the checkpoint at step "

@@ -427,6 +427,10 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
             f"only that this attack could not prove more."),
         "claimed_epsilon": claimed,
         "claimed_delta": training.get("delta") if report.get("dp") else None,
+        # The claim tested is the training's (the audit canaries are training examples); the
+        # run's headline total (vocabulary + training) beside it, not to be mistaken for it.
+        "claimed_is": "the training's (DP-SGD) epsilon",
+        "total_epsilon": report.get("epsilon") if report.get("dp") else None,
         "dp": bool(report.get("dp")),
         "consistent": claimed is None or bound.epsilon_lower_bound <= claimed,
         **bound.to_json(),

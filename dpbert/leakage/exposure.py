@@ -367,10 +367,12 @@ def evaluate_workdir(workdir: str | os.PathLike, *, step: int | None = None,
     run = {
         "workdir": str(workdir.absolute()), "step": model.step, "canary_file": str(path),
         # The canaries entered the training examples only (not the vocabulary): the
-        # training's own (epsilon, delta) is the claim they test.
+        # training's own (epsilon, delta) is the claim they test; the run's total beside it.
         "dp": bool(report.get("dp", False)),
         "epsilon": (report.get("training") or report).get("epsilon"),
         "delta": (report.get("training") or report).get("delta"),
+        "epsilon_is": "the training's (DP-SGD) alone: the claim the canaries test",
+        "total_epsilon": report.get("epsilon"),
         "privacy_unit": report.get("privacy_unit"),
         "num_candidates": n_r, "max_exposure": math.log2(n_r),
         "floor_theory": null_exposure_mean(n_r),
@@ -382,7 +384,7 @@ def _mean_sd(values: Sequence[float]) -> tuple[float | None, float | None]:
     v = np.asarray([x for x in values if x is not None], np.float64)
     if not len(v):
         return None, None
-    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else 0.0)
+    return float(v.mean()), (float(v.std(ddof=1)) if len(v) > 1 else None)  # one: no sd
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -414,13 +416,14 @@ def plot(runs: Sequence[dict[str, Any]], path: str | os.PathLike) -> pathlib.Pat
     for j, res in enumerate(runs):
         run = res["run"]
         color = "black" if run["dp"] else "tab:red"
-        eps = (f"ε = {run['epsilon']:.3g}" if run["dp"] and run["epsilon"] is not None
+        eps = (f"training ε = {run['epsilon']:.3g}" if run["dp"] and run["epsilon"] is not None
                else "ε = ∞ (no DP)")
         forms = sorted({s["form"] for s in res["summary"]})
         for k, form in enumerate(forms):
             pts = sorted((s["repetitions"], s["exposure_mean"], s["exposure_sd"])
                          for s in res["summary"] if s["form"] == form)
             x, y, e = (np.asarray(v, np.float64) for v in zip(*pts))
+            e = np.nan_to_num(e)  # one canary: no sd, no bar
             all_reps.update(int(r) for r in x)
             shift = 0.04 * (k + len(forms) * j)  # side by side, not on top of each other
             ax.errorbar(np.where(x > 0, x * (1 + shift), shift), y, yerr=e, color=color,
@@ -433,7 +436,9 @@ def plot(runs: Sequence[dict[str, Any]], path: str | os.PathLike) -> pathlib.Pat
     ax.set_xlim(-0.3, max(ticks + [1]) * 2)
     ax.set_xlabel("number of secret occurrences (0 = never-planted reference canaries)")
     ax.set_ylabel("exposure (bits), mean ± sd")
-    ax.set_title("Secret-sharer exposure (grey: un-memorized floor ≈ 1/ln 2 bits)")
+    floors = sorted({f"{r['run']['floor_theory']:.2f}" for r in runs})
+    ax.set_title(f"Secret-sharer exposure (grey: un-memorized floor, {' / '.join(floors)} bits "
+                 "for |R| candidates)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = pathlib.Path(path)

@@ -75,6 +75,7 @@ def model_card(config: model_lib.BertConfig, *, privacy_report: Mapping[str, Any
     if source:
         lines += [f"Weights were converted from `{source}`.", ""]
     lines += card_lib.card_section(privacy_report)
+    lines += card_lib.privacy_adaptive_section(privacy_report)
     for section in extra_sections:
         lines += [section.rstrip("\n"), ""]
     return "\n".join(lines)

@@ -91,6 +91,11 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
     lines += lineage_lines(report)
     if report.get("dp"):
         lines.append(f"- Total: {report['composition']}.")
+    if report.get("budget"):
+        b = report["budget"]
+        lines.append(f"- Budget (dp.total_epsilon): total epsilon <= {b['total_epsilon']:g}; "
+                     f"the vocabulary's {fmt_eps(b['other_parts_epsilon'])} left the training "
+                     f"a target of {fmt_eps(b['training_target_epsilon'])}.")
     lines.append(f"- What one unit is: {report['unit_definition']}."
                  + (f" The guarantee covers a whole {report['privacy_unit']} directly (no group "
                     "privacy)." if _groups_sequences(report.get("privacy_unit")) else
@@ -108,3 +113,20 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
               for k, v in _flat(report)]
     lines.append("")
     return lines
+
+
+def privacy_adaptive_section(report: Mapping[str, Any] | None) -> list[str]:
+    """The card's section on privacy-adaptive pretraining (dχ inputs) when the report records
+    it (`privacy_adaptive`: mechanism, η, MLM target), else []. η is dχ's metric-DP level for
+    the users' inputs, not part of the (epsilon, delta) above."""
+    pa = (report or {}).get("privacy_adaptive")
+    if not pa:
+        return []
+    samples = f" ({pa['prob_samples']} privatized draws)" if pa.get("prob_samples") else ""
+    return ["## Privacy-adaptive pretraining (dχ)", "",
+            f"This model was pretrained on dχ-privatized input: mechanism `{pa['mechanism']}` "
+            f"at η = {pa['eta']:g}, MLM target `{pa['mlm_target']}`{samples}; frozen: "
+            f"{pa['frozen']}. Serve or fine-tune it on text privatized with the same mechanism "
+            "and η. η protects the users' inputs (dχ-privacy, a metric guarantee per token); "
+            "it is not part of the (epsilon, delta) of the Privacy section.", ""]
+

@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Mapping
 
 from dpbert.core import units as privacy_units
 from dpbert.dp import accounting
 from dpbert.dp import randomness
+from dpbert.errors import ConfigError
 
 NOT_COVERED = (
     "Not covered by epsilon: training and held-out metrics (metrics.jsonl, TensorBoard, the "
@@ -132,8 +134,6 @@ def vocab_relation(vocab_report: Mapping[str, Any] | None,
     `per_sequence`: the training unit "example" is a pretraining sequence (True; its text comes
     from up to 2 documents) or a fine-tuning example (False; assumed to lie within one record).
     """
-    from dpbert.errors import ConfigError  # noqa: PLC0415
-
     v = vocab_unit(vocab_report)
     unit = privacy_units.get(privacy_unit)
     if not unit.per_unit:
@@ -423,17 +423,66 @@ def _lineage_parts(vocabulary: dict[str, Any], lineage) -> tuple[dict, list[dict
     return vocabulary, inherited, void
 
 
+BUDGET_RULE = (
+    "dp.total_epsilon bounds everything that read the private corpus. The vocabulary spends "
+    "what vocab.epsilon costs under the training's neighbouring relation (computed from its "
+    "mechanism, as in the total), a starting model's other vocabularies what its report says; "
+    "the training gets the rest as its target epsilon (its sigma calibrated to it, or its "
+    "steps capped by it). Basic composition: the total is at most the budget.")
+
+
+def training_budget(total_epsilon: float, target_epsilon: float | None,
+                    vocabulary: dict[str, Any], lineage=None) -> tuple[float, dict[str, Any]]:
+    """(the training's target epsilon, the report's `budget` entry) for dp.total_epsilon
+    (`BUDGET_RULE`): the total minus every other part of `run_report`'s total (this run's
+    vocabulary part, the starting model's other vocabularies), or `target_epsilon` when it is
+    also set and fits. ConfigError when the other parts alone reach the total, when one has no
+    epsilon (no DP), or when the training's own target does not fit beside them."""
+    vocabulary, inherited, void = _lineage_parts(vocabulary, lineage)
+    others = [p for p in (vocabulary, *inherited, *void) if p.get("read_private_data", True)]
+    field = f"config.dp.total_epsilon={total_epsilon!r}"
+    unbounded = [p for p in others if p.get("epsilon") is None]
+    if unbounded:
+        raise ConfigError(f"{field}: no total can be guaranteed: the {unbounded[0]['stage']} "
+                          f"has no epsilon ({unbounded[0].get('why')})")
+    spent = sum(float(p["epsilon"]) for p in others)
+    shares = " + ".join(f"{p['stage']} {fmt_eps(p['epsilon'])}" for p in others) or "nothing"
+    if spent >= total_epsilon:
+        raise ConfigError(
+            f"{field}: the vocabulary alone spends it ({shares} = {fmt_eps(spent)} under "
+            f"this run's unit, before any training). Raise dp.total_epsilon, build the "
+            f"vocabulary at a smaller vocab.epsilon (now "
+            f"{vocabulary.get('vocabulary_epsilon', vocabulary.get('epsilon'))}), or use a "
+            "public vocabulary (config.vocab.file)")
+    if target_epsilon is not None:
+        if spent + target_epsilon > total_epsilon:
+            raise ConfigError(
+                f"{field} and config.dp.target_epsilon={target_epsilon!r} disagree: the "
+                f"vocabulary spends {fmt_eps(spent)} ({shares}), so training at "
+                f"{target_epsilon} totals {fmt_eps(spent + target_epsilon)}. Set only one "
+                f"(dp.total_epsilon leaves the training {fmt_eps(total_epsilon - spent)})")
+        target = float(target_epsilon)
+    else:
+        target = float(total_epsilon) - spent
+        while spent + target > total_epsilon:  # float rounding: the sum stays within
+            target = math.nextafter(target, 0.0)
+    return target, {"total_epsilon": float(total_epsilon), "target_epsilon": target_epsilon,
+                    "rule": BUDGET_RULE,
+                    "other_parts_epsilon": spent, "training_target_epsilon": target}
+
+
 def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
                *, privacy_unit: str, max_seq_length: int | None,
                multiplicity: Mapping[str, Any] | None, steps: int,
                unit: str | None = None,
                units: Mapping[str, Any] | None = None,
                max_examples_per_unit: int | None = None,
-               lineage=None) -> dict[str, Any]:
+               lineage=None, budget: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """privacy_report.json (the workdir's, private; `public_report` gives the shippable one):
     the total first, then its parts. `unit`: what one example is, in words (a task's own
     definition; default `unit_definition`); `units`: the data's unit summary for privacy units
-    of several sequences; `lineage`: `dpbert.reporting.lineage.Lineage` of the starting model."""
+    of several sequences; `lineage`: `dpbert.reporting.lineage.Lineage` of the starting model;
+    `budget`: `training_budget`'s entry when the run had a dp.total_epsilon."""
     unit = unit or unit_definition(privacy_unit, max_seq_length, max_examples_per_unit,
                                    (units or {}).get("unit_key", ""))
     report: dict[str, Any] = {"dp": training is not None, "steps": steps,
@@ -467,6 +516,8 @@ def run_report(training: dict[str, Any] | None, vocabulary: dict[str, Any],
                   composition="basic composition (epsilons add, deltas add) of: " +
                               ", ".join(p["stage"] for p in parts),
                   training=training, vocabulary=vocabulary, not_covered=NOT_COVERED)
+    if budget:
+        report["budget"] = dict(budget)
     report["headline"] = _headline(report, parts, unit)
     return report
 

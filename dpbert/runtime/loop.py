@@ -56,6 +56,7 @@ from dpbert.runtime import config_checks
 from dpbert.runtime import metrics as metrics_lib
 from dpbert.runtime import optimizers
 from dpbert.runtime import run_privacy
+from dpbert.runtime import saved_run
 from dpbert.runtime import sharding
 from dpbert.runtime.evaluation import Evaluator, summary_line
 from dpbert.runtime.guards import Lock, Stop
@@ -239,6 +240,14 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     if lineage is not None and lineage.voids:
         announce(f"WARNING: not private: {lineage.voids}")
 
+    done = saved_run.finished(workdir, config, saved)
+    if done is not None:  # nothing to train: no data, compile or evaluation
+        announce(f"{workdir}: this run finished at step {saved['step']} (its checkpoint, "
+                 f"privacy_report.json and export are there); nothing to train. Raise "
+                 "train.num_steps (or the budget) to train on, or use a fresh --workdir")
+        if is_primary():
+            print(saved_run.finished_summary(workdir, int(saved["step"]), done), flush=True)
+        return done
     data = task.prepare(config, workdir, task_key)
     data_hash = data.train.metadata.get("content_sha256")
     if saved is not None and saved.get("data_fingerprint") != data_hash:
@@ -248,15 +257,24 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
             f"{str(data_hash)[:12]}...); privacy accounting assumes one dataset. Use a fresh "
             "--workdir for new data.")
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
+    vocab_part = run_privacy.vocabulary_part(config, data, config.dp.privacy_unit)
+    dp, budget = run_privacy.training_dp(config, vocab_part, lineage)
     announce("planning (sampler, noise, privacy budget) ...")
-    plan = plan_lib.make_plan(
-        config.dp, config.batch, num_steps=config.train.num_steps,
-        num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
-        sampler_seed=sampler_seed, saved_ledger=saved.get("accounting") if saved else None,
-        start_step=int(saved["step"]) if saved else 0, unit_ids=data.unit_ids,
-        inherited=inherited)
+    try:
+        plan = plan_lib.make_plan(
+            dp, config.batch, num_steps=config.train.num_steps,
+            num_examples=data.train.num_examples, num_shards=sharding.num_batch_shards(mesh),
+            sampler_seed=sampler_seed, saved_ledger=saved.get("accounting") if saved else None,
+            start_step=int(saved["step"]) if saved else 0, unit_ids=data.unit_ids,
+            inherited=inherited)
+    except ConfigError as e:
+        if budget is None or "target_epsilon" not in str(e):
+            raise
+        raise ConfigError(f"config.dp.total_epsilon={config.dp.total_epsilon} leaves the "
+                          f"training epsilon {report_lib.fmt_eps(dp.target_epsilon)} after "
+                          f"the vocabulary's {report_lib.fmt_eps(budget['other_parts_epsilon'])}"
+                          f" (the plan's dp.target_epsilon below): {e}") from None
     logging.info("plan: %s", plan)
-    vocab_part = run_privacy.vocabulary_part(config, data, plan)
     run_privacy.check_total_delta(config, plan, vocab_part, lineage, workdir)
     run_privacy.say_unused_unit_slots(plan)
     # Written once the run is known to go ahead (a refused rerun leaves it as it was).
@@ -359,7 +377,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
                           operand)
     return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
                   start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
-                  load_rows, lineage)
+                  load_rows, lineage, dp, budget)
 
 
 def _row_loader(plan, dataset) -> Callable:
@@ -377,7 +395,7 @@ def _row_loader(plan, dataset) -> Callable:
 
 def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluate,
            start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
-           load_rows, lineage) -> dict:
+           load_rows, lineage, dp, budget) -> dict:
     b = config.batch
     sampler = plan.sampler
 
@@ -391,14 +409,15 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
             training = report_lib.training_part(
                 plan.ledger, step_now - plan.ledger.closed_steps, clip_norm=config.dp.clip_norm,
                 privacy_unit=config.dp.privacy_unit, secret=secret,
-                target_epsilon=config.dp.target_epsilon, stopped_by_budget=by_budget,
+                target_epsilon=dp.target_epsilon, stopped_by_budget=by_budget,
                 units=report_lib.units_part(plan, data.units))
-        return report_lib.run_report(
+        return {**report_lib.run_report(
             training, vocab_part, privacy_unit=plan.privacy_unit,
             max_seq_length=data.max_seq_length, unit=data.unit_definition,
             multiplicity=data.train.metadata.get("unit_multiplicity"), steps=step_now,
             units=data.units if plan.per_unit else None,
-            max_examples_per_unit=plan.max_examples_per_unit, lineage=lineage)
+            max_examples_per_unit=plan.max_examples_per_unit, lineage=lineage, budget=budget),
+            **run_info.get("report_fields", {})}  # the task's settings a release keeps
 
     saver = Saver(ckpt, workdir, signature, secret, data_hash=data.train.metadata.get(
         "content_sha256"), run_hash=run_info_hash(run_info), task_key=task_key, plan=plan,
@@ -484,9 +503,10 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
     by_budget = plan.max_steps_by_budget is not None and \
         step == plan.max_steps_by_budget < config.train.num_steps
     if by_budget:
-        logging.warning("stopped at step %d of %d: one more step would exceed "
-                        "dp.target_epsilon=%s", step, config.train.num_steps,
-                        config.dp.target_epsilon)
+        logging.warning("stopped at step %d of %d: one more step would exceed the training "
+                        "epsilon budget %s (%s)", step, config.train.num_steps,
+                        dp.target_epsilon, "dp.target_epsilon" if budget is None else
+                        "what dp.total_epsilon leaves after the vocabulary")
     final_eval = evaluate(state.params)
     if final_eval:
         writer.write(step, final_eval)

@@ -93,7 +93,7 @@ class Progress:
                          k.endswith("accuracy")), None)
         short = accuracy[len("train/"):].replace("accuracy", "acc") if accuracy else ""
         for key, fmt in (("train/loss", "loss {:.3f}"), (accuracy, short + " {:.3f}"),
-                         ("privacy/epsilon", "eps {:.3f}"),
+                         ("privacy/epsilon", "training eps {:.3f}"),
                          ("perf/examples_per_sec", "{:.1f} ex/s"),
                          ("perf/units_per_sec", "{:.1f} units/s")):
             if key in scalars and scalars[key] is not None and np.isfinite(scalars[key]):

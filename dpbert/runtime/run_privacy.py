@@ -1,11 +1,14 @@
 """What a run spends before its first step, checked before any compile: the vocabulary's
-part of the total (under the training's relation), the total δ against 1/N, and unit slots
-no unit fills. Called by `dpbert.runtime.loop` once the plan is made."""
+part of the total (under the training's relation), the training's share of dp.total_epsilon,
+the total δ against 1/N, and unit slots no unit fills. Called by `dpbert.runtime.loop` once
+the data is prepared (the vocabulary part and the budget, before the plan) and once the plan
+is made (the rest)."""
 
 from __future__ import annotations
 
 import pathlib
 
+import ml_collections
 import numpy as np
 
 from data_pipelines import tokenization
@@ -15,7 +18,7 @@ from dpbert.reporting import report as report_lib
 from dpbert.runtime.hosts import announce
 
 
-def vocabulary_part(config, data, plan) -> dict:
+def vocabulary_part(config, data, privacy_unit: str) -> dict:
     """The vocabulary's row of the total, under the training's unit (`report.vocab_relation`);
     a vocabulary without a report is announced, since it is then counted as public."""
     vocab_file = data.extra.get("vocab_file")
@@ -24,7 +27,7 @@ def vocabulary_part(config, data, plan) -> dict:
     if data.vocab_report is not None and data.vocab_report.get("dp"):
         units = data.units or {}
         relation = report_lib.vocab_relation(
-            data.vocab_report, plan.privacy_unit, per_sequence=data.unit_definition is None,
+            data.vocab_report, privacy_unit, per_sequence=data.unit_definition is None,
             unit_key=units.get("unit_key", ""),
             max_records_per_unit=config.get("vocab", {}).get("max_records_per_unit"),
             observed_records_per_unit=units.get("documents_per_unit_max"))
@@ -32,6 +35,24 @@ def vocabulary_part(config, data, plan) -> dict:
     if part.get("warning") and config.dp.enabled:
         announce(f"WARNING: {part['warning']} ({part['assumption']})")
     return part
+
+
+def training_dp(config, vocab_part: dict, lineage):
+    """(the dp section the plan reads, the report's `budget` entry or None): with
+    dp.total_epsilon, a copy whose target_epsilon is the training's share
+    (`report.training_budget`: what the vocabulary leaves), announced; else config.dp."""
+    total = config.dp.get("total_epsilon")
+    if total is None or not config.dp.enabled:
+        return config.dp, None
+    target, budget = report_lib.training_budget(total, config.dp.target_epsilon, vocab_part,
+                                                lineage)
+    announce(f"privacy budget: total epsilon {report_lib.fmt_eps(total)} (dp.total_epsilon) = "
+             f"vocabulary {report_lib.fmt_eps(budget['other_parts_epsilon'])} (under "
+             f"dp.privacy_unit={config.dp.privacy_unit!r}) + training epsilon <= "
+             f"{report_lib.fmt_eps(target)}")
+    dp = ml_collections.ConfigDict(config.dp.to_dict())
+    dp.target_epsilon = target
+    return dp, budget
 
 
 def check_total_delta(config, plan, vocab_part: dict, lineage, workdir: pathlib.Path) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from dpbert.errors import ConfigError
 from dpbert.runtime import checkpointing
+from dpbert.runtime.evaluation import summary_line
 from dpbert.runtime.hosts import write_json
 
 CONFIG_FILE = "config.json"
@@ -79,6 +80,57 @@ class Saver:
         report = self._flush(durable)
         self.ckpt.close()
         return report
+
+
+def finished(workdir: pathlib.Path, config, saved: dict | None) -> dict | None:
+    """The saved report of a run that `config` would not train further, or None: its newest
+    checkpoint (`saved`, its meta) is at train.num_steps or was stopped by the same budget
+    (dp.target_epsilon / dp.total_epsilon as then), and its export of that step is in
+    WORKDIR/hf. A rerun of a finished run then exits at once (no data, compile or evaluation;
+    a damaged checkpoint is not noticed then: the export is what the run delivered)."""
+    if not saved or not saved.get("privacy_report"):
+        return None
+    report = saved["privacy_report"]
+    try:  # the final save's report (a periodic save of the same step may hold an older one)
+        written = json.loads((workdir / REPORT_FILE).read_text(encoding="utf-8"))
+        if written.get("steps") == report.get("steps"):
+            report = written
+    except (OSError, ValueError):
+        pass
+    # Only once the run's export of that step is written (a run stopped between its last
+    # save and the export, or one without an export, goes the long way: restore, export).
+    try:
+        exported = json.loads((workdir / "hf" / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not config.train.export_hf or exported.get("steps") != int(saved["step"]):
+        return None
+    if int(saved["step"]) >= config.train.num_steps:
+        return report
+    training = report.get("training") or {}
+    if not training.get("stopped_by_budget"):
+        return None
+    budget = report.get("budget") or {}
+    then = ((budget.get("total_epsilon"), budget.get("target_epsilon")) if budget else
+            (None, training.get("target_epsilon")))
+    now = (config.dp.get("total_epsilon"), config.dp.target_epsilon)
+    return report if then == now else None
+
+
+def finished_summary(workdir: pathlib.Path, step: int, report: dict) -> str:
+    """The closing line of a finished run, from its report and metrics.jsonl."""
+    evals = {}
+    try:
+        with open(workdir / "metrics.jsonl", encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                if any(k.startswith("eval/") for k in row):
+                    evals.setdefault(row["step"], {}).update(row)
+    except (OSError, ValueError):
+        pass
+    by_budget = bool((report.get("training") or {}).get("stopped_by_budget"))
+    return summary_line(step, report, evals.get(0, {}) if step else {}, evals.get(step, {}),
+                        by_budget)
 
 
 def fresh_start_message(ckpt, damaged: set[int]) -> str:

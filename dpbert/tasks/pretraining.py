@@ -99,6 +99,10 @@ class PretrainingTask:
              f"mixed_ghost clips one example (its dense-layer taps and position-table identity "
              f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
              f"'ghost_embedding' or 'vmap'")
+        try:  # the data fields (held-out split per unit, ...) before any vocabulary is built
+            pretraining_data.check_config(config.data, config.dp.privacy_unit)
+        except ValueError as e:
+            raise ConfigError(f"config.{e}") from None
         need(config.model.max_position_embeddings >= config.data.max_seq_length,
              "model.max_position_embeddings", config.model.max_position_embeddings,
              f"must be >= data.max_seq_length ({config.data.max_seq_length})")
@@ -197,7 +201,9 @@ class PretrainingTask:
                 "vocab_sha256": tokenization.vocab_fingerprint(vocab),
                 "do_lower_case": data.extra["do_lower_case"],
                 "max_seq_length": data.max_seq_length,
-                "init_from_hf": config.model.init_from_hf or None}
+                "init_from_hf": config.model.init_from_hf or None,
+                # Into the run's report, so the export's card and report keep them.
+                "report_fields": _adaptive_fields(config)}
 
     def export(self, params, run: dict, workdir: pathlib.Path, out: pathlib.Path,
                report: dict | None):
@@ -213,6 +219,21 @@ class PretrainingTask:
                                          model_max_length=run["max_seq_length"],
                                          privacy_report=report,
                                          source=run.get("init_from_hf"))
+
+
+def _adaptive_fields(config) -> dict:
+    """The privacy-adaptive settings a derived model must keep ({} without dχ): the mechanism,
+    η, the MLM target (and its draws), what was frozen."""
+    d = config.dchi
+    if d.mechanism == "none":
+        return {}
+    return {"privacy_adaptive": {
+        "method": "privacy-adaptive pretraining (Qu et al. 2021): every input token "
+                  "dχ-privatized on the fly, on the training devices",
+        "mechanism": d.mechanism, "eta": float(d.eta), "mlm_target": config.mlm_target,
+        **({"prob_samples": int(d.prob_samples)} if config.mlm_target == "prob" else {}),
+        "frozen": "the word embedding (the user-side φ) and the MLM decoder tied to it",
+        "init_from_hf": config.model.init_from_hf or None}}
 
 
 TASK = PretrainingTask()
@@ -291,8 +312,11 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
     if config.model.init_from_hf:
         path = pathlib.Path(config.model.init_from_hf) / "vocab.txt"
         if not path.is_file():
+            inner = path.parent / "hf"  # a workdir (or a copy of one) given for its export
+            hint = (f"; its model is probably {inner} (--config.model.init_from_hf={inner})"
+                    if (inner / "vocab.txt").is_file() else "")
             raise ConfigError(f"config.model.init_from_hf={config.model.init_from_hf!r}: has no "
-                              "vocab.txt; set config.vocab.file")
+                              f"vocab.txt{hint}; or set config.vocab.file")
         _check_vocab_file(path, f"config.model.init_from_hf={config.model.init_from_hf!r}")
         return str(path), read_vocab_report(path), "checkpoint"
     out = workdir / "vocab"
@@ -318,7 +342,8 @@ def prepare_vocab(config: ml_collections.ConfigDict, data: ml_collections.Config
                 max_bad_fraction=data.max_bad_fraction,
                 unit=(privacy_units.get(config.dp.privacy_unit).vocab_record
                       if data.corpus == "noteevents" else privacy_units.DOCUMENT_RECORD),
-                duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE))
+                duplicate_ids=data.get("duplicate_ids", identity.DEFAULT_RULE),
+                knobs=("--config.vocab.epsilon", "--config.vocab.size"))
         hosts.sync("vocabulary")
     return str(out / "vocab.txt"), read_vocab_report(out / "vocab.txt"), "built"
 

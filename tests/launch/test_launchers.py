@@ -126,7 +126,8 @@ def test_train_launcher(tmp_path):
                          '\'noise_multiplierr\'; did you mean "noise_multiplier"',
         "wrong type": "train: error: flag --config.dp.noise_multiplier=abc: could not convert",
         "unset both": "train: config.dp.noise_multiplier=None: give a noise multiplier, or "
-                      "dp.target_epsilon to calibrate one",
+                      "dp.target_epsilon (training) or dp.total_epsilon (vocabulary + "
+                      "training) to calibrate one",
         "unset unknown": "train: error: --config.dp.noise_multiplierr: unknown config field",
         "twice": "train: error: --config.dp.target_epsilon is given twice ('None', then "
                  "'1e-6'); give each config field once",
