@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import dataclasses
 import json
 import os
@@ -100,7 +102,11 @@ class PretrainingTask:
              f"assume one sequence); with dp.privacy_unit={config.dp.privacy_unit!r} use "
              f"'ghost_embedding' or 'vmap'")
         try:  # the data fields (held-out split per unit, ...) before any vocabulary is built
-            pretraining_data.check_config(config.data, config.dp.privacy_unit)
+            data = config.data
+            if not data.cache_dir:   # `prepare` puts it in the workdir: a canary record's home
+                data = copy.deepcopy(data)
+                data.cache_dir = "WORKDIR/data/instances"
+            pretraining_data.check_config(data, config.dp.privacy_unit)
         except ValueError as e:
             raise ConfigError(f"config.{e}") from None
         need(config.model.max_position_embeddings >= config.data.max_seq_length,
