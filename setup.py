@@ -15,6 +15,10 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.21,<0.24",
     "safetensors>=0.4,<0.9",
     "dp-accounting>=0.6,<0.7",
+    # The one-run audit's bounds (dpbert/leakage/audit_bounds.py) and the accounting
+    # cross-check (tests/dpbert/dp/test_jax_privacy_accounting.py); 2.0.0 installs beside the
+    # pins above (adds chex and toolz).
+    "jax-privacy>=2.0,<2.1",
     "tensorflow-datasets>=4.9.8,<4.10",
     "grain>=0.2.12,<0.3",
     "numpy>=1.26,<3",

@@ -6,7 +6,8 @@ r"""One-run privacy audit (Steinke, Nasr & Jagielski 2023) of a training configu
 Draws m random canaries and, from OS entropy, which of them to train on (each with probability
 1/2); trains once (OUT/train, an ordinary training workdir; the config's own exposure canaries
 are planted too); scores every canary with the trained model; and writes OUT/results.json: an
-empirical lower bound on ε at the stated confidence next to the run's claimed ε. The inclusion
+empirical lower bound on ε at the stated confidence next to the run's claimed ε: the larger of
+ours and jax-privacy's one-run bound, with jax-privacy's f-DP bound beside it. The inclusion
 bits and scores stay in OUT/private/ (never ship it with the model). Rerunning with the same
 --out resumes. See dpbert/leakage/audit.py for the theorem and its exact tail computation.
 """
@@ -58,9 +59,13 @@ def main(argv):
                f"total: {res['total_epsilon'] or float('nan'):.4g})" if res["dp"]
                else "infinite (no DP)")
     print(f"audit: epsilon >= {res['epsilon_lower_bound']:.3f} with confidence "
-          f"{res['confidence']:g} (delta {res['delta']:g}; {res['correct']}/{res['guesses']} "
-          f"guesses correct, m = {res['m']}); claimed training epsilon {claimed}"
+          f"{res['confidence']:g} (delta {res['delta']:g}; {res['headline_bound']}; m = "
+          f"{res['m']}); claimed training epsilon {claimed}"
           + ("" if res["consistent"] else "  <-- EXCEEDS THE CLAIM: a privacy bug?"))
+    print("  bounds: " + ", ".join(
+        f"{name} {b['epsilon_lower_bound']:.3f} (confidence {b['confidence']:g}"
+        + ("" if b["in_headline"] else "; Gaussian trade-off assumed, not the headline") + ")"
+        for name, b in res["bounds"].items()))
     print(f"wrote {_OUT.value}/results.json")
 
 

@@ -28,6 +28,12 @@ Choosing (k+, k-) after seeing the scores would void the confidence; here the ca
 are fixed beforehand and the confidence is split over them (Bonferroni): each pair is tested at
 (1 - confidence) / (number of pairs) and the largest bound is reported.
 
+Beside ours, jax-privacy's auditor (`dpbert.leakage.audit_bounds`): the same theorem with
+one-sided guesses over every threshold, and its f-DP bound. ``all_bounds`` computes all three;
+the audit's headline is the larger of ours and jax-privacy's one-run bound (each at a
+Bonferroni-split confidence, so that the larger holds at the stated one); the f-DP bound, which
+assumes a Gaussian trade-off curve, is reported beside it (why: that module's docstring).
+
 What the audit of THIS trainer measures: each included canary is one training example of its
 own, appended after instance creation (``data.canaries.file`` with placement "example"), so
 including or excluding it changes exactly one example, the DP privacy unit. Caveat: the trainer
@@ -55,6 +61,7 @@ from scipy import stats
 
 from data_pipelines import canaries as canaries_lib
 from data_pipelines import tokenization
+from dpbert.leakage import audit_bounds as bounds_lib
 
 FORM = canaries_lib.AUDIT_FORM  # the canaries' form in canary files
 
@@ -180,6 +187,28 @@ def audit_bound(scores: np.ndarray, included: np.ndarray, *, delta: float,
         if best is None or eps > best.epsilon_lower_bound:
             best = AuditBound(eps, confidence, delta, m, k_plus, k_minus, r, v, len(pairs))
     return best
+
+
+def all_bounds(scores: np.ndarray, included: np.ndarray, *, delta: float,
+               confidence: float = 0.95,
+               guess_counts: Sequence[tuple[int, int]] | None = None
+               ) -> tuple[AuditBound, dict[str, dict[str, Any]], str]:
+    """Ours beside jax-privacy's (`dpbert.leakage.audit_bounds`): (our `AuditBound` at the
+    headline's split confidence, {name: {epsilon_lower_bound, confidence, in_headline, method}},
+    the headline's name). The headline bounds are computed at
+    `audit_bounds.headline_confidence(confidence)` each, so that their maximum holds at
+    `confidence`; the f-DP bound at `confidence`."""
+    split = bounds_lib.headline_confidence(confidence)
+    ours = audit_bound(scores, included, delta=delta, confidence=split,
+                       guess_counts=guess_counts)
+    values = {bounds_lib.STEINKE: ours.epsilon_lower_bound,
+              **bounds_lib.jax_privacy_bounds(scores, included, delta=delta, confidence=split,
+                                              fdp_confidence=confidence)}
+    table = {name: {"epsilon_lower_bound": value,
+                    "confidence": split if name in bounds_lib.HEADLINE_BOUNDS else confidence,
+                    "in_headline": name in bounds_lib.HEADLINE_BOUNDS,
+                    "method": bounds_lib.METHODS[name]} for name, value in values.items()}
+    return ours, table, bounds_lib.headline(values)[0]
 
 
 # ----------------------------------------------------------------------------- the canaries
@@ -403,28 +432,34 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
     scores = membership_scores(model.graphdef, model.params, audit_canaries, tok.special,
                                model.config.max_position_embeddings, score)
     delta = float(training["delta"]) if report.get("dp") else float(config.dp.delta)
-    bound = audit_bound(scores, included, delta=delta, confidence=confidence,
-                        guess_counts=guess_counts)
+    bound, bounds, best = all_bounds(scores, included, delta=delta, confidence=confidence,
+                                     guess_counts=guess_counts)
+    lower = bounds[best]["epsilon_lower_bound"]
     claimed = training.get("epsilon") if report.get("dp") else None
     (private / "scores.json").write_text(json.dumps({
         "note": "PRIVATE to the audit (membership scores and inclusion bits)",
         "canary_ids": [a.canary_id for a in audit_canaries], "included": included.tolist(),
         "scores": scores.tolist(),
         "guesses": guesses(scores, bound.k_plus, bound.k_minus).tolist()}) + "\n")
+    split = bounds_lib.headline_confidence(confidence)
     results = {
-        "what": "one-run privacy audit (Steinke, Nasr & Jagielski 2023): an empirical lower "
-                "bound on epsilon",
+        "what": "one-run privacy audit (Steinke, Nasr & Jagielski 2023; and jax-privacy's "
+                "auditor): an empirical lower bound on epsilon",
         "meaning": (
             f"With probability >= {confidence} over the audit's own randomness (which "
             f"canaries were included), the training run is NOT (epsilon, delta)-DP for any "
-            f"epsilon below epsilon_lower_bound, delta = {delta:g}. Of m = {m} audit "
-            f"canaries, each included with probability 1/2 as one training example, the "
+            f"epsilon below epsilon_lower_bound, delta = {delta:g}: the larger of "
+            f"{' and '.join(bounds_lib.HEADLINE_BOUNDS)} (here {best}), each at confidence "
+            f"{split:g} so that the larger holds at {confidence}. Of m = {m} audit "
+            f"canaries, each included with probability 1/2 as one training example, our "
             f"auditor guessed 'included' for the {bound.k_plus} highest scores and 'excluded' "
             f"for the {bound.k_minus} lowest: {bound.correct} of {bound.guesses} guesses "
             f"correct (best of {bound.pairs_tried} (k+, k-) pairs fixed in advance, each "
-            f"tested at confidence 1 - {1 - confidence:g}/{bound.pairs_tried}). A lower bound "
-            f"above the claimed epsilon would show a privacy bug; one far below it says "
-            f"only that this attack could not prove more."),
+            f"tested at confidence 1 - {1 - split:g}/{bound.pairs_tried}); jax-privacy's "
+            f"one-sided auditor tries every threshold. {bounds_lib.FDP} (f-DP) is beside it, "
+            f"not in it: it assumes a Gaussian trade-off curve. A lower bound above the "
+            f"claimed epsilon would show a privacy bug; one far below it says only that this "
+            f"attack could not prove more."),
         "claimed_epsilon": claimed,
         "claimed_delta": training.get("delta") if report.get("dp") else None,
         # The claim tested is the training's (the audit canaries are training examples); the
@@ -432,8 +467,10 @@ def run_audit(config: Any, out_dir: str | os.PathLike, *, m: int = 256, length: 
         "claimed_is": "the training's (DP-SGD) epsilon",
         "total_epsilon": report.get("epsilon") if report.get("dp") else None,
         "dp": bool(report.get("dp")),
-        "consistent": claimed is None or bound.epsilon_lower_bound <= claimed,
-        **bound.to_json(),
+        "consistent": claimed is None or lower <= claimed,
+        **bound.to_json(),  # our bound's guesses (k+, k-, r, v)
+        "epsilon_lower_bound": lower, "confidence": confidence, "headline_bound": best,
+        "bounds": bounds,
         "score": score, "canary_length": length,
         "training_workdir": str(workdir),
         "steps": report.get("steps"),

@@ -109,6 +109,11 @@ def test_without_dp_secrets_leak_and_the_audit_proves_it(non_dp):
     assert res["dp"] is False and res["claimed_epsilon"] is None and res["consistent"]
     assert res["m"] == M and res["confidence"] == 0.95 and res["delta"] == 1e-6
     assert res["epsilon_lower_bound"] > 1.0, res
+    # The headline is the larger of ours and jax-privacy's one-run bound; its f-DP bound beside.
+    bounds = res["bounds"]
+    assert set(bounds) == {"dpbert_steinke", "jax_privacy_one_run", "jax_privacy_fdp"}
+    assert res["epsilon_lower_bound"] == bounds[res["headline_bound"]]["epsilon_lower_bound"] \
+        == max(b["epsilon_lower_bound"] for b in bounds.values() if b["in_headline"])
     # The audit's secrets stay in its private folder; the training workdir never sees the
     # excluded canaries or the inclusion bits.
     private = json.loads((non_dp / "private" / audit.AUDIT_FILE).read_text())
@@ -127,6 +132,7 @@ def test_dp_keeps_exposure_at_the_floor_and_the_audit_below_the_claim(non_dp, dp
     res = json.loads((dp / "results.json").read_text())
     assert res["dp"] and res["claimed_epsilon"] <= 1.0 + 1e-6
     assert 0.0 <= res["epsilon_lower_bound"] <= res["claimed_epsilon"] and res["consistent"]
+    assert all(b["epsilon_lower_bound"] <= res["claimed_epsilon"] for b in res["bounds"].values())
     # Exposure of both runs in one figure (the CLI).
     out = tmp_path / "exposure"
     run([REPO / "launch" / "exposure.py", f"--workdir={non_dp / 'train'}",
