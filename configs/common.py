@@ -480,7 +480,7 @@ def finetune_config() -> ml_collections.ConfigDict:
 
     # The recipe (dpbert.tasks.recipe) fills what is left unset (None, trainable "auto") from
     # N and dp.enabled: without DP all parameters, B 32, lr 5e-5, weight decay 0.01, 2 epochs;
-    # with DP the top layer and the head (train.trainable=top:1), B = min(1024, N/4) (physical
+    # with DP the top layer and the head (train.trainable=top:1), B = min(1024, N/8) (physical
     # 128, microbatch 32), SGD with momentum lr 2.0 (AdamW if only the learning rate is set),
     # no weight decay, 5 epochs. A value set here or by a flag is kept.
     c.train.trainable = "auto"

@@ -233,7 +233,7 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
             dp.batch.microbatch_size, dp.optimizer.weight_decay, dp.train.epochs) == (
         "top:1", 1024, 128, 32, 0.0, 5.0)
     assert (dp.optimizer.name, dp.optimizer.learning_rate) == ("sgd", 2.0)  # not Adam
-    assert recipe.resolve(c, 1000).batch.expected_batch_size == 250   # N / 4 for small N
+    assert recipe.resolve(c, 1000).batch.expected_batch_size == 125   # N / 8 for small N
     c.optimizer.learning_rate = 1e-4   # set without the optimizer: AdamW, as documented
     assert recipe.resolve(c, 8454).optimizer.name == "adamw"
     c.optimizer.learning_rate = None
@@ -281,4 +281,4 @@ def test_ner_takes_its_own_values_without_dp_and_the_dp_recipe_with_it():
     c.dp.enabled = True
     dp = recipe.resolve(c, 2000)   # one document = one unit: B from the documents
     assert (dp.train.trainable, dp.batch.expected_batch_size, dp.optimizer.name) == (
-        "top:1", 500, "sgd")
+        "top:1", 250, "sgd")
