@@ -10,7 +10,7 @@ from dpbert.errors import ConfigError
 from dpbert.reporting import report as report_lib
 from dpbert.runtime import saved_run
 from dpbert.tasks import pretraining as train
-from tests.dpbert.tasks.test_pretraining import hf_start, small_config  # noqa: F401
+from tests.dpbert.tasks.test_pretraining import small_config
 
 BUDGET = {"dp.noise_multiplier": None, "dp.target_epsilon": None, "dp.total_epsilon": 9.0,
           "train.num_steps": 4}
@@ -117,39 +117,6 @@ def test_the_budget_rule_on_the_reports_parts():
     assert report_lib.training_budget(4.0, None, public)[0] == 4.0
     with pytest.raises(ConfigError, match="no total can be guaranteed"):
         report_lib.training_budget(4.0, None, {**vocab, "epsilon": None, "why": "no DP"})
-
-
-@pytest.mark.slow
-def test_a_privacy_adaptive_export_keeps_its_settings(hf_start, cache_dir, tmp_path):  # noqa: F811
-    from configs import privacy_adaptive
-
-    start, corpus = hf_start
-    c = privacy_adaptive.get_config("token_rep")
-    c.model.init_from_hf = str(start)
-    c.mlm_target = "prob"
-    c.dchi.prob_samples = 3
-    c.dchi.eta = 50.0
-    c.data.paths = (str(corpus),)
-    c.data.max_seq_length = 32
-    c.data.max_predictions_per_seq = 5
-    c.data.eval_fraction = 0.1
-    c.data.cache_dir = str(cache_dir / "instances")
-    c.batch.expected_batch_size = c.batch.physical_batch_size = 16
-    c.optimizer.warmup_steps = 1
-    c.train.num_steps = 1
-    c.train.eval_every = 0
-    c.train.eval_batches = 1
-    c.train.eval_batch_size = 16
-    c.checkpoint.async_save = False
-    report = train.train_and_evaluate(c, tmp_path / "run")
-    settings = report["privacy_adaptive"]
-    assert (settings["mechanism"], settings["eta"], settings["mlm_target"],
-            settings["prob_samples"]) == ("token_rep", 50.0, "prob", 3)
-    shipped = json.loads((tmp_path / "run" / "hf" / "privacy_report.json").read_text())
-    assert shipped["privacy_adaptive"] == settings
-    card = (tmp_path / "run" / "hf" / "README.md").read_text()
-    assert "## Privacy-adaptive pretraining (dχ)" in card
-    assert "mechanism `token_rep` at η = 50, MLM target `prob` (3 privatized draws)" in card
 
 
 def test_a_folder_whose_model_is_in_hf_gets_the_hint(cache_dir, tmp_path):

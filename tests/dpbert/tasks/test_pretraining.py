@@ -523,6 +523,16 @@ def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_pat
     c.checkpoint.async_save = False
     report = train.train_and_evaluate(c, tmp_path / "run")
     assert report["dp"] is False and report["steps"] == 2
+    # The export keeps its history (issue 36): mechanism, eta, target on the report and card.
+    settings = report["privacy_adaptive"]
+    assert (settings["mechanism"], settings["eta"], settings["mlm_target"]) == (
+        mechanism, 50.0, target)
+    assert settings.get("prob_samples") == (3 if target == "prob" else None)
+    shipped = json.loads((tmp_path / "run" / "hf" / "privacy_report.json").read_text())
+    assert shipped["privacy_adaptive"] == settings
+    card = (tmp_path / "run" / "hf" / "README.md").read_text()
+    assert "## Privacy-adaptive pretraining (dχ)" in card
+    assert f"mechanism `{mechanism}` at η = 50, MLM target `{target}`" in card
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(l["train/loss"]) for l in lines if "train/loss" in l)
     before = load_file(start / "model.safetensors")
