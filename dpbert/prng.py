@@ -18,6 +18,7 @@ non-private step on one CPU device: 7-8 % less).
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,9 @@ import numpy as np
 from flax import nnx
 from flax.nnx.module import first_from
 
+# The environment variable that picks the generator (`generator`), and its values.
+GENERATOR_ENV = "DPBERT_PRNG"
+GENERATORS = ("unrolled", "jax")
 # Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
@@ -61,8 +65,23 @@ def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) 
     return index
 
 
-def _threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
-    """The key's uint32[2] words when the unrolled generator reproduces jax.random, else None."""
+def generator() -> str:
+    """"unrolled" (the default) or "jax": the environment variable DPBERT_PRNG, read when a
+    function is traced.  "jax" sends every draw of this module to ``jax.random`` itself (the
+    same bits: a check, or a comparison of speed and compile time; the noise then goes leaf
+    by leaf).  JAX lowers its own threefry unrolled off the CPU too (rolled loops on the CPU
+    only), so on an accelerator the two differ in how XLA fuses them, not in kind."""
+    value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "unrolled"
+    if value not in GENERATORS:
+        raise ValueError(f"{GENERATOR_ENV}={value!r}: expected one of {', '.join(GENERATORS)}")
+    return value
+
+
+def threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
+    """The key's uint32[2] words when the unrolled generator reproduces jax.random (and is
+    the one chosen, `generator`), else None."""
+    if generator() != "unrolled":
+        return None
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     impl = str(jax.random.key_impl(key)) if typed else "threefry2x32"
     if ("threefry2x32" not in impl or not jax.config.jax_threefry_partitionable
@@ -81,7 +100,7 @@ def random_bits(key: jax.Array, shape: tuple[int, ...],
     `sharding`: the output's sharding under Explicit mesh axes (None otherwise).
     """
     shape = tuple(int(d) for d in shape)
-    data = _threefry_key_words(key, shape)
+    data = threefry_key_words(key, shape)
     if data is None:
         return jax.random.bits(key, shape, jnp.uint32, out_sharding=sharding)
     low = _flat_index(shape, sharding)
@@ -101,22 +120,64 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...],
     """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``
     (`random_bits`, then jax.random's uniform in [-1, 1) and sqrt(2) erfinv)."""
     shape = tuple(int(d) for d in shape)
-    if _threefry_key_words(key, shape) is None:
+    if threefry_key_words(key, shape) is None:
         return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
-    one = unit_float(random_bits(key, shape, sharding))
-    # uniform in [-1, 1), floored at nextafter(-1, 0), exactly as jax.random.normal does it.
-    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
-    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
-    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
+    return _normal_from_unit(unit_float(random_bits(key, shape, sharding)))
 
 
 def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
               sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """bool of `shape`, bitwise equal to ``jax.random.bernoulli(key, p, shape)`` (float32 p)."""
     shape = tuple(int(d) for d in shape)
-    if _threefry_key_words(key, shape) is None:
+    if threefry_key_words(key, shape) is None:
         return jax.random.bernoulli(key, p, shape, out_sharding=sharding)
     return unit_float(random_bits(key, shape, sharding)) < jnp.float32(p)
+
+
+def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
+                             scale: float | jax.Array = 1.0, chunks: int = 16) -> jax.Array:
+    """float32 [sum(sizes)]: segment j (in order) is ``scale * jax.random.normal(key_j,
+    (sizes[j],))`` bit for bit as jitted, key_j = ``key_words[j]`` (uint32 [len(sizes), 2],
+    threefry2x32 key data).  (`scale` is applied inside the loop, as a leaf's own draw does:
+    XLA folds a constant scale into sqrt(2), and the values must round the same.)
+
+    One elementwise loop for every segment (the DP noise of all parameter leaves), instead of
+    one unrolled generator per leaf: the code, and so the compile time, no longer grows with
+    the number of segments (a leaf's generator is a large fusion, which XLA also copies into
+    each of its consumers).  Each element finds its segment by a binary search over the
+    segment starts and takes that segment's key, and its position inside it as the counter.
+    The draw runs as a loop over `chunks` equal chunks (the loop's output is materialised,
+    so XLA cannot copy the generator into the slices the caller takes; an optimization
+    barrier does not stop it), and is returned as one array.
+    """
+    sizes = tuple(int(n) for n in sizes)
+    total = sum(sizes)
+    if total >= 2 ** 32 or not jax.config.jax_threefry_partitionable:
+        raise ValueError("standard_normal_segments needs jax_threefry_partitionable and "
+                         "fewer than 2^32 elements")
+    chunk = -(-max(total, 1) // (chunks * 1024)) * 1024  # a multiple of 1024
+    n_chunks = -(-max(total, 1) // chunk)
+    starts = jnp.asarray(np.cumsum((0,) + sizes[:-1]), jnp.uint32)
+    words = jnp.asarray(key_words, jnp.uint32)
+
+    def one(i):
+        pos = i * jnp.uint32(chunk) + jax.lax.iota(jnp.uint32, chunk)
+        segment = jnp.searchsorted(starts, pos, side="right", method="scan_unrolled") - 1
+        low = pos - starts[segment]
+        key = words[segment]
+        b0, b1 = _threefry2x32(key[:, 0], key[:, 1], jnp.zeros_like(low), low)
+        return scale * _normal_from_unit(unit_float(b0 ^ b1))
+
+    out = jax.lax.map(one, jnp.arange(n_chunks, dtype=jnp.uint32))
+    return out.reshape(-1)[:total]
+
+
+def _normal_from_unit(one: jax.Array) -> jax.Array:
+    """sqrt(2) erfinv of a uniform in [-1, 1) made from `one` in [0, 1), as jax.random.normal."""
+    # uniform in [-1, 1), floored at nextafter(-1, 0), exactly as jax.random.normal does it.
+    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
+    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
+    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
 
 
 def explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:

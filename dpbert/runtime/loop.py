@@ -282,9 +282,12 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     param_sh = sharding.pure_param_shardings(model, mesh)
     # A replicated parameter's noise is added to each device's slice of the reduced sum and
     # all-gathered (sharding.noise_layouts); sharded parameters get theirs in their own layout.
+    # On one device all of the noise comes from one draw (one copy of the generator in the
+    # step: it compiles in a fraction of the time; the same values).
     updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape, data), optimizer,
                                 trainable=trainable,
-                                noise_layouts=sharding.noise_layouts(param_sh, params))
+                                noise_layouts=sharding.noise_layouts(param_sh, params),
+                                noise_flat=mesh.devices.size == 1)
     rep = sharding.replicated(mesh)
     # The secret noise key is an argument (not a constant baked into the program); on resume
     # the restored state brings its own.
