@@ -294,16 +294,18 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     noise_key = secrets.noise_key_array() if secrets is not None else np.zeros(2, np.uint32)
     # Dropout: secret in a DP run (keyed by batch position, which depends on the secret sample;
     # `randomness.dropout_key`), the public seed otherwise (reproducible).
-    dropout = (randomness.dropout_key(task_key) if config.dp.enabled and secret
-               else config.seed)
-    init = lambda p, k: TrainState(p, optimizer.init(p),  # noqa: E731
-                                   updater.init(p, dropout, k))
-    abstract = jax.eval_shape(init, params, noise_key)
+    # Both keys are arguments of the jitted init: a constant would be written into the
+    # persistent compilation cache (dpbert.runtime.compile_cache) with the program.
+    dropout = np.asarray(randomness.dropout_key(task_key) if config.dp.enabled and secret
+                         else jax.random.PRNGKey(config.seed), np.uint32)
+    init = lambda p, k, d: TrainState(p, optimizer.init(p),  # noqa: E731
+                                      updater.init(p, d, k))
+    abstract = jax.eval_shape(init, params, noise_key, dropout)
     state_sh = TrainState(param_sh, sharding.opt_state_shardings(abstract.opt_state, params,
                                                                  param_sh, mesh),
                           updater.state_sharding(param_sh, rep))
-    state = jax.jit(init, out_shardings=state_sh)(params, noise_key)
-    del model, param_state, params, noise_key
+    state = jax.jit(init, out_shardings=state_sh)(params, noise_key, dropout)
+    del model, param_state, params, noise_key, dropout
 
     start_step = 0
     if latest is not None:
