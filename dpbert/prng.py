@@ -135,41 +135,50 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
 
 
 def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
-                             scale: float | jax.Array = 1.0, chunks: int = 16) -> jax.Array:
-    """float32 [sum(sizes)]: segment j (in order) is ``scale * jax.random.normal(key_j,
-    (sizes[j],))`` bit for bit as jitted, key_j = ``key_words[j]`` (uint32 [len(sizes), 2],
-    threefry2x32 key data).  (`scale` is applied inside the loop, as a leaf's own draw does:
-    XLA folds a constant scale into sqrt(2), and the values must round the same.)
+                             scale: float | jax.Array = 1.0, loops: int = 16
+                             ) -> list[jax.Array]:
+    """float32 [sizes[j]] for each j: ``scale * jax.random.normal(key_j, (sizes[j],))`` bit for
+    bit as jitted, key_j = ``key_words[j]`` (uint32 [len(sizes), 2], threefry2x32 key data).
+    (`scale` is applied inside the draw, as a leaf's own draw does: XLA folds a constant scale
+    into sqrt(2), and the values must round the same.)
 
-    One elementwise loop for every segment (the DP noise of all parameter leaves), instead of
-    one unrolled generator per leaf: the code, and so the compile time, no longer grows with
-    the number of segments (a leaf's generator is a large fusion, which XLA also copies into
-    each of its consumers).  Each element finds its segment by a binary search over the
-    segment starts and takes that segment's key, and its position inside it as the counter.
-    The draw runs as a loop over `chunks` equal chunks (the loop's output is materialised,
-    so XLA cannot copy the generator into the slices the caller takes; an optimization
-    barrier does not stop it), and is returned as one array.
+    One elementwise generator for every segment (the DP noise of all parameter leaves) instead
+    of one per leaf: the code, and so the compile time, no longer grows with the number of
+    segments (a leaf's generator is a large fusion, which XLA also copies into each of its
+    consumers).  The segments are laid out in rows of a power-of-two length (each segment
+    padded to whole rows, at most ~6 % more elements); a row's key and first counter come from
+    small per-row tables, so the draw stays a plain vectorised loop.  It runs as `loops`
+    iterations of a loop over blocks of rows: a loop's output is materialised, so XLA cannot
+    copy the generator into the slices the caller takes (an optimization barrier does not
+    stop it).
     """
     sizes = tuple(int(n) for n in sizes)
-    total = sum(sizes)
-    if total >= 2 ** 32 or not jax.config.jax_threefry_partitionable:
+    if max(sizes, default=0) >= 2 ** 32 or not jax.config.jax_threefry_partitionable:
         raise ValueError("standard_normal_segments needs jax_threefry_partitionable and "
-                         "fewer than 2^32 elements")
-    chunk = -(-max(total, 1) // (chunks * 1024)) * 1024  # a multiple of 1024
-    n_chunks = -(-max(total, 1) // chunk)
-    starts = jnp.asarray(np.cumsum((0,) + sizes[:-1]), jnp.uint32)
-    words = jnp.asarray(key_words, jnp.uint32)
+                         "segments of fewer than 2^32 elements")
+    total = max(sum(sizes), 1)
+    width = 1 << max(7, min(16, (total // (16 * max(len(sizes), 1))).bit_length() - 1))
+    rows = [-(-n // width) for n in sizes]
+    blocks = max(1, min(loops, sum(rows)))
+    per_block = -(-max(sum(rows), 1) // blocks)
+    pad = blocks * per_block - sum(rows)
+    row_segment = np.concatenate([np.repeat(np.arange(len(sizes)), rows),
+                                  np.zeros(pad, np.int64)]).astype(np.int32)
+    row_start = np.concatenate([np.arange(r, dtype=np.int64) * width for r in rows]
+                               + [np.zeros(pad, np.int64)]).astype(np.uint32)
+    row_words = jnp.asarray(key_words, jnp.uint32)[jnp.asarray(row_segment)]
+    row_start = jnp.asarray(row_start)
 
-    def one(i):
-        pos = i * jnp.uint32(chunk) + jax.lax.iota(jnp.uint32, chunk)
-        segment = jnp.searchsorted(starts, pos, side="right", method="scan_unrolled") - 1
-        low = pos - starts[segment]
-        key = words[segment]
-        b0, b1 = _threefry2x32(key[:, 0], key[:, 1], jnp.zeros_like(low), low)
+    def block(i):
+        words = jax.lax.dynamic_slice_in_dim(row_words, i * per_block, per_block)
+        low = (jax.lax.dynamic_slice_in_dim(row_start, i * per_block, per_block)[:, None]
+               + jax.lax.broadcasted_iota(jnp.uint32, (per_block, width), 1))
+        b0, b1 = _threefry2x32(words[:, :1], words[:, 1:], jnp.zeros_like(low), low)
         return scale * _normal_from_unit(unit_float(b0 ^ b1))
 
-    out = jax.lax.map(one, jnp.arange(n_chunks, dtype=jnp.uint32))
-    return out.reshape(-1)[:total]
+    out = jax.lax.map(block, jnp.arange(blocks, dtype=jnp.int32)).reshape(-1, width)
+    first = np.cumsum([0] + rows)
+    return [out[first[j]:first[j + 1]].reshape(-1)[:n] for j, n in enumerate(sizes)]
 
 
 def _normal_from_unit(one: jax.Array) -> jax.Array:

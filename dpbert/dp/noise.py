@@ -95,12 +95,9 @@ def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(drawn, jnp.uint32))
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
-    flat = prng.standard_normal_segments(keys, sizes, stddev)
     out: list = [None] * len(leaves)
-    offset = 0
-    for i, n in zip(drawn, sizes):
-        out[i] = flat[offset:offset + n].reshape(leaves[i].shape)
-        offset += n
+    for i, draw in zip(drawn, prng.standard_normal_segments(keys, sizes, stddev)):
+        out[i] = draw.reshape(leaves[i].shape)
     return out
 
 

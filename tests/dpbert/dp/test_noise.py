@@ -311,10 +311,11 @@ def test_the_flat_draw_is_one_copy_of_the_generator():
 def test_the_segments_are_jax_random_normal_of_their_keys():
     keys = jax.random.split(jax.random.PRNGKey(3), 4)
     sizes = (1, 0, 3000, 17)
-    flat = jax.jit(lambda k: prng.standard_normal_segments(k, sizes, chunks=3))(keys)
-    assert flat.shape == (sum(sizes),) and flat.dtype == jnp.float32
-    want = np.concatenate([np.asarray(jax.random.normal(k, (n,))) for k, n in zip(keys, sizes)])
-    np.testing.assert_array_equal(np.asarray(flat), want)
+    for loops in (1, 3, 16):
+        got = jax.jit(lambda k: prng.standard_normal_segments(k, sizes, loops=loops))(keys)
+        for k, n, g in zip(keys, sizes, got):
+            assert g.shape == (n,) and g.dtype == jnp.float32
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.normal(k, (n,))))
 
 
 def test_an_unknown_generator_is_an_error(monkeypatch):
