@@ -4,7 +4,8 @@ r"""Opacus's DP-SGD steps (hooks, ghost clipping) and PyTorch's non-private step
 
 The modules, loss and steps of benchmarks/torch_step.py (BERT with the MLM head on the gathered
 positions, AdamW, C = 1, sigma = 1), moved to CUDA (TF32 on) when there is one, else the CPU
-(`--smoke`).  One JSON object per model: median step seconds of interleaved rounds, peak
+(`--smoke`); ghost clipping with the MLM decoder untied from the word embeddings (Opacus
+refuses tied parameters there), as in issue 32's first GPU run.  One JSON object per model: median step seconds of interleaved rounds, peak
 memory, the ratios to the non-private step, the versions.  A step that does not run is
 reported with its error, not hidden.
 """
@@ -23,7 +24,18 @@ import torch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 _make = torch_step.torch_model
-torch_step.torch_model = lambda preset: _make(preset).to(DEVICE)
+UNTIE = {"on": False}  # Opacus's ghost clipping refuses tied parameters
+
+
+def _model(preset: str) -> torch.nn.Module:
+    model = _make(preset)
+    if UNTIE["on"]:  # the MLM decoder gets its own copy of the word embeddings
+        decoder = model.cls.predictions.decoder
+        decoder.weight = torch.nn.Parameter(decoder.weight.detach().clone())
+    return model.to(DEVICE)
+
+
+torch_step.torch_model = _model
 
 
 def _sync():
@@ -55,6 +67,7 @@ def main(argv):
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
+                UNTIE["on"] = name == "opacus_ghost"
                 step = make()
                 step()  # warm-up (allocates)
                 _sync()

@@ -8,7 +8,7 @@
 # seconds, its JSON rows, the end of its log; rewritten after each part, so a run cut short
 # still leaves the parts done) and speed.log (the parts' logs).  Progress lines carry the
 # elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
-# ($SPEED_BUDGET_S, default 470 s; smoke 280 s): a part that would not fit is skipped.
+# ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32 then bf16: non-private
 # and DP step (dp_step.py --quick: time, compile seconds, temp memory, largest batch by a
 # compile-only search); Opacus (hooks, ghost clipping) and PyTorch, same shapes, fp32 + TF32;
@@ -28,7 +28,7 @@ mkdir -p "$OUT"
 PARTS=$(mktemp -d -t speed-parts-XXXX)
 WORK=$(mktemp -d -t speed-work-XXXX)
 START=$(date +%s)
-if [ $SMOKE = 1 ]; then BUDGET=${SPEED_BUDGET_S:-280}; else BUDGET=${SPEED_BUDGET_S:-470}; fi
+if [ $SMOKE = 1 ]; then BUDGET=${SPEED_BUDGET_S:-290}; else BUDGET=${SPEED_BUDGET_S:-470}; fi
 log() { echo "[$(( $(date +%s) - START )) s] $*"; }
 
 export PYTHONPATH=".:benchmarks${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -65,8 +65,8 @@ part() {
 }
 
 if [ $SMOKE = 1 ]; then
-  MODEL=tiny; B=8; SIZES=(--seq_len=32 --preds=4 --vocab_size=2000 --rounds=2)
-  DP=(benchmarks/dp_step.py --platform=cpu --devices=1 --search_batch=32 --memory_cap_mib=64)
+  MODEL=tiny; B=8; SIZES=(--seq_len=32 --preds=4 --vocab_size=2000 --rounds=1)
+  DP=(benchmarks/dp_step.py --platform=cpu --devices=1 --search_batch=16 --memory_cap_mib=64)
   DEMO_STEPS=3
 else
   MODEL=base; B=32; SIZES=(--seq_len=128 --preds=20 --vocab_size=30522 --rounds=5)
@@ -79,7 +79,7 @@ largest() {  # the largest batch both steps fitted in a --quick part (else empty
   $PY -c "import json,sys; r=json.load(open('$PARTS/$1.out'))
 m=[r[k]['max_batch'] for k in ('plain','dp')]; print(min(m) if all(m) else '')" 2>/dev/null
 }
-demo() {  # demo NAME: a fresh workdir, the cache of WORK/cache; JSON of examples/s on stdout
+demo() {  # demo PART: a fresh workdir, the cache of WORK/cache; JSON of examples/s on stdout
   JAX_LOG_COMPILES=1 DPBERT_COMPILATION_CACHE_DIR="$WORK/cache" $PY launch/train.py \
     --config=configs/demo_dp.py --workdir="$WORK/$1" --config.train.num_steps=$DEMO_STEPS \
     --config.train.log_every=$(( DEMO_STEPS < 10 ? 1 : 10 )) --config.train.eval_every=0 \
@@ -96,7 +96,7 @@ part dp_bf16 120 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16
 part opacus 70 $PY benchmarks/accelerator/opacus_step.py --models=$MODEL --batch_size=$B \
   "${SIZES[@]}"
 part demo 90 bash -c 'demo demo'
-part demo_second_start 40 bash -c 'demo demo2'
+part demo_second_start 40 bash -c 'demo demo_second_start'
 for dtype in float32 bfloat16; do
   short=$([ $dtype = float32 ] && echo fp32 || echo bf16)
   M=$(largest dp_$short)
