@@ -311,8 +311,8 @@ class Bench:
 
     def noise_only(self, generator: str = "dpbert"):
         """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient` on
-        an all-zero clipped sum; generator "jax" swaps in `jax.random.normal`."""
-        agg = self.aggregator("vmap")
+        an all-zero clipped sum; generator "jax" swaps in `jax.random.normal` (leaf by leaf)."""
+        agg = self.aggregator("vmap", noise_flat=None if generator == "dpbert" else False)
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
                              self.params)

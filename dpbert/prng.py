@@ -9,6 +9,9 @@ consumes the bits (the Gaussian transform of `dpbert.dp.noise`, dropout's compar
 select) fuse into one loop over the array, about 3x faster on CPU for the noise.  Each device
 computes only the counters of the slice it holds (`sharding`), so a sharded draw is the same
 draw.  Any other key type, or an array of 2^32 elements or more, goes to ``jax.random`` itself.
+`standard_normal_segments` draws many arrays' normals (every leaf's DP noise) in one loop, so
+that the program holds one copy of the generator, not one per leaf (the DP step's compile time).
+The environment variable DPBERT_PRNG=jax sends every draw here to ``jax.random`` (`generator`).
 
 `Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
 same output and gradient, bit for bit, for the same key (tested), in less time (BERT mini's

@@ -5,7 +5,8 @@ r"""Opacus's DP-SGD steps (hooks, ghost clipping) and PyTorch's non-private step
 The modules, loss and steps of benchmarks/torch_step.py (BERT with the MLM head on the gathered
 positions, AdamW, C = 1, sigma = 1), moved to CUDA (TF32 on) when there is one, else the CPU
 (`--smoke`); ghost clipping with the MLM decoder untied from the word embeddings (Opacus
-refuses tied parameters there), as in issue 32's first GPU run.  One JSON object per model: median step seconds of interleaved rounds, peak
+refuses tied parameters there), as in issue 32's first GPU run.  One JSON object per model:
+median step seconds of interleaved rounds, peak
 memory, the ratios to the non-private step, the versions.  A step that does not run is
 reported with its error, not hidden.
 """
@@ -17,10 +18,9 @@ import statistics
 import sys
 import time
 
-import torch_step  # noqa: E402  (benchmarks/torch_step.py: flags, modules, steps)
+import torch
+import torch_step  # benchmarks/torch_step.py: dp_step's flags, the modules and steps
 from absl import app
-
-import torch  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 _make = torch_step.torch_model

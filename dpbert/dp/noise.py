@@ -35,6 +35,11 @@ XLA's CPU lowering of JAX's own threefry runs its 20 rounds as a rolled loop tha
 materialises the [2, n] state between rounds; unrolled, the whole draw (and the
 add and the division that follow it) fuses into one loop over the leaf, about 3x
 faster on CPU.  Each device computes only the counters of the slice it holds.
+Compile time: one unrolled generator per leaf made the DP step compile in ~3x the
+non-private step's time (XLA copies each into every consumer); with ``flat`` (the trainer's
+choice on one device) all leaves' noise comes from one loop, `prng.standard_normal_segments`:
+the same values, one copy of the generator (issue 32; BENCHMARKS.md).  ``DPBERT_PRNG=jax``
+sends every draw to ``jax.random`` (`prng.generator`).
 
 Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
 key's bits), so XLA draws the noise after the backward pass instead of holding the draw's
