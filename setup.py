@@ -3,9 +3,12 @@
 import setuptools
 
 INSTALL_REQUIRES = [
-    # JAX 0.10.x is the newest line that supports Python 3.11. This pulls the CPU
-    # jaxlib; TPU/GPU users install their jaxlib variant (e.g. `jax[tpu]`) on top.
-    "jax>=0.10,<0.11",
+    # JAX 0.10.x is the newest line that supports Python 3.11; on Python >= 3.12 0.11.x runs
+    # too (issue 32: jax 0.11.2 with CUDA 13 and flax 0.12.12 on one H100, end to end). This
+    # pulls the CPU jaxlib; TPU/GPU users install their jaxlib variant (e.g. `jax[tpu]`,
+    # `jax[cuda13]`) on top, in the same range.
+    "jax>=0.10,<0.11; python_version < '3.12'",
+    "jax>=0.10,<0.12; python_version >= '3.12'",
     "flax>=0.12,<0.13",
     "optax>=0.2.8,<0.3",
     "orbax-checkpoint>=0.12,<0.13",

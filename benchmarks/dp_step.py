@@ -2,6 +2,7 @@ r"""DP-SGD step (each clipper) versus the non-private step, side by side.
 
     PYTHONPATH=. python benchmarks/dp_step.py [--models=tiny,mini] [--devices=1,8] [--json]
     PYTHONPATH=. python benchmarks/dp_step.py --models=base,large --compile_only --json
+    PYTHONPATH=. python benchmarks/dp_step.py --quick --models=tiny,mini --devices=1 --json
 
 For each BERT size (vocabulary 30,522, seq 128, 20 predictions, dropout on, AdamW) and each
 device count (fake CPU devices, a data-parallel mesh; or the real devices with --platform=gpu):
@@ -31,7 +32,11 @@ benchmarks use.
 `--json` prints one JSON object per (model, device count); the top-level `time_ratio`,
 `temp_memory_ratio`, `flops_ratio` and `max_microbatch_ratio` are the default clipper's
 (configs/common.py `dp.clipping`), `clippers[name]` has them for every clipper.  `--write`
-replaces the generated part of the "## DP-SGD step" section of BENCHMARKS.md.
+replaces the generated part of the "## DP-SGD step" section of BENCHMARKS.md.  `--quick`
+(benchmarks/dp_step_quick.py): only the non-private and the default DP step, timed, with their
+compile seconds (and the DP / non-DP compile ratio), temp memory and the largest batch by a
+short search; `--quick_per_leaf` adds the compile seconds of the DP step drawing its noise leaf
+by leaf (the draw before issue 32), side by side.
 """
 
 from __future__ import annotations
@@ -71,6 +76,13 @@ _COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "Deterministic figures 
 _CALIBRATION = flags.DEFINE_bool("calibration", False, "Also time sigma calibration at T=1M.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object per model and device count.")
 _WRITE = flags.DEFINE_bool("write", False, "Replace the DP-SGD step section of BENCHMARKS.md.")
+_QUICK = flags.DEFINE_bool("quick", False, "Only the non-private and the default DP step: "
+                           "times, compile seconds, temp memory, the largest batch by a short "
+                           "search (benchmarks/dp_step_quick.py).")
+_NOISE_FLAT = flags.DEFINE_enum(
+    "noise_flat", "auto", ["auto", "true", "false"],
+    "Draw all of the noise in one loop (DPAggregator noise_flat; auto: on one device, as the "
+    "trainer does).")
 
 
 def _setup_platform() -> None:
@@ -96,6 +108,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import bench_report  # noqa: E402  (benchmarks/ is the script's folder, on sys.path)
+import dp_step_quick  # noqa: E402
 from configs import common as common_config  # noqa: E402
 from configs import finetune_classification  # noqa: E402
 from dpbert.tasks import classification as classification_task  # noqa: E402
@@ -266,7 +279,7 @@ class Bench:
 
     def aggregator(self, clipper: str, microbatch_size: int | None = None,
                    noise_multiplier: float = 1.0, trainable=None,
-                   noise_draw: str | None = None):
+                   noise_draw: str | None = None, noise_flat: bool | None = None):
         config = accumulation.DPConfig(clip_norm=1.0, noise_multiplier=noise_multiplier,
                                        expected_batch_size=float(_BATCH.value),
                                        microbatch_size=microbatch_size, num_shards=self.devices)
@@ -275,15 +288,18 @@ class Bench:
         # device's slice of the sum (--noise_draw=replicated: drawn whole on every device).
         layouts = (sharding.noise_layouts(self.p_sh, self.params)
                    if (noise_draw or _NOISE_DRAW.value) == "spread" else None)
+        flat = (self.devices == 1 if _NOISE_FLAT.value == "auto"
+                else _NOISE_FLAT.value == "true") if noise_flat is None else noise_flat
         return accumulation.DPAggregator(
             config, self.factored_loss if factored else self.loss_fn, self.optimizer,
-            trainable=trainable, clipper=clip, noise_layouts=layouts)
+            trainable=trainable, clipper=clip, noise_layouts=layouts, noise_flat=flat)
 
     def dp_step(self, clipper: str, microbatch_size: int, batch_size: int | None = None,
-                noise_multiplier: float = 1.0, noise_draw: str | None = None):
+                noise_multiplier: float = 1.0, noise_draw: str | None = None,
+                noise_flat: bool | None = None):
         """(jitted DP step, its arguments); abstract batch if `batch_size` is given."""
         agg = self.aggregator(clipper, microbatch_size, noise_multiplier,
-                              noise_draw=noise_draw)
+                              noise_draw=noise_draw, noise_flat=noise_flat)
         state = self.dp_state(agg)
         fn = jax.jit(agg.update, donate_argnums=(1, 2),
                      out_shardings=(self.p_sh, self.o_sh,
@@ -295,8 +311,8 @@ class Bench:
 
     def noise_only(self, generator: str = "dpbert"):
         """(jitted noise draw of the DP step, its arguments): `DPAggregator.noisy_gradient` on
-        an all-zero clipped sum; generator "jax" swaps in `jax.random.normal`."""
-        agg = self.aggregator("vmap")
+        an all-zero clipped sum; generator "jax" swaps in `jax.random.normal` (leaf by leaf)."""
+        agg = self.aggregator("vmap", noise_flat=None if generator == "dpbert" else False)
         state = jax.device_put(agg.init(self.params, 0), agg.state_sharding(self.p_sh, self.rep))
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32, device=x.sharding),
                              self.params)
@@ -383,11 +399,12 @@ def time_interleaved(steps: dict, compiled: dict, rounds: int) -> dict[str, list
 
 
 def largest_microbatch(make_step, search_batch: int, devices: int, cap: float,
-                       known: tuple[int, int]):
+                       known: tuple[int, int], max_compiles: int | None = None):
     """Largest m = devices * 2^k <= search_batch whose step's temp memory is <= cap.
 
     Starts from a linear prediction from `known` = (microbatch, temp bytes) and compiles
-    upwards / downwards from there (usually 2 compiles).  Returns (m, temp bytes, tried).
+    upwards / downwards from there (usually 2 compiles; at most `max_compiles`, then the
+    largest that fitted so far).  Returns (m, temp bytes, tried).
     """
     candidates = []
     m = devices
@@ -401,6 +418,8 @@ def largest_microbatch(make_step, search_batch: int, devices: int, cap: float,
 
     def mem(c):
         if c not in memo:
+            if max_compiles is not None and len(memo) >= max_compiles:
+                return float("inf")  # out of compiles: counts as not fitting
             memo[c] = temp_bytes(Bench.compile(*make_step(c, search_batch))[0])
         return memo[c]
 
@@ -630,10 +649,16 @@ def main(argv):
         for devices in (int(d) for d in _DEVICES.value):
             if devices > len(jax.devices()):
                 raise ValueError(f"--devices={devices}: only {len(jax.devices())} devices")
+            if _QUICK.value:
+                row = dp_step_quick.bench(sys.modules[__name__], preset, devices)
+                print(json.dumps(row) if _JSON.value else dp_step_quick.line(row), flush=True)
+                continue
             row = bench_model(preset, devices)
             rows.append(row)
             if _JSON.value:
                 print(json.dumps(row), flush=True)
+    if _QUICK.value:
+        return
     cal = bench_calibration() if _CALIBRATION.value else None
     command = "PYTHONPATH=. python benchmarks/dp_step.py " + " ".join(sys.argv[1:])
     text = markdown(rows, cal, command.strip())

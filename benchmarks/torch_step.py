@@ -79,7 +79,9 @@ def torch_loss(model: torch.nn.Module, b: dict, reduction: str = "mean") -> torc
     ids = b["input_ids"].long()
     # Explicit per-example position ids (HF's default is one broadcast row, which Opacus would
     # see as a batch of 1).
-    positions = torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1)
+    # (on the ids' device; contiguous: Opacus's ghost clipping views them)
+    positions = torch.arange(ids.shape[1], device=ids.device)[None].expand(
+        ids.shape[0], -1).contiguous()
     seq, pooled = model.bert(input_ids=ids, attention_mask=b["input_mask"].long(),
                              token_type_ids=b["segment_ids"].long(), position_ids=positions,
                              return_dict=False)[:2]

@@ -273,6 +273,14 @@ def get_config() -> ml_collections.ConfigDict:
     # state over "fsdp". -1 = the devices that remain.
     c.mesh.data = -1
     c.mesh.fsdp = 1
+
+    # -------------------------------------------------------------------------------- runtime
+    c.runtime = ml_collections.ConfigDict()
+    # JAX's persistent compilation cache (dpbert.runtime.compile_cache): a resumed or swept
+    # run loads its compiled steps instead of compiling them again. "auto" =
+    # $DPBERT_COMPILATION_CACHE_DIR if set, else $XDG_CACHE_HOME/dpbert/jax or
+    # ~/.cache/dpbert/jax; "" = off; else the folder.
+    c.runtime.compilation_cache_dir = "auto"
     return c
 
 

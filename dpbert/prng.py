@@ -9,6 +9,9 @@ consumes the bits (the Gaussian transform of `dpbert.dp.noise`, dropout's compar
 select) fuse into one loop over the array, about 3x faster on CPU for the noise.  Each device
 computes only the counters of the slice it holds (`sharding`), so a sharded draw is the same
 draw.  Any other key type, or an array of 2^32 elements or more, goes to ``jax.random`` itself.
+`standard_normal_segments` draws many arrays' normals (every leaf's DP noise) in one loop, so
+that the program holds one copy of the generator, not one per leaf (the DP step's compile time).
+The environment variable DPBERT_PRNG=jax sends every draw here to ``jax.random`` (`generator`).
 
 `Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
 same output and gradient, bit for bit, for the same key (tested), in less time (BERT mini's
@@ -18,6 +21,7 @@ non-private step on one CPU device: 7-8 % less).
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +29,9 @@ import numpy as np
 from flax import nnx
 from flax.nnx.module import first_from
 
+# The environment variable that picks the generator (`generator`), and its values.
+GENERATOR_ENV = "DPBERT_PRNG"
+GENERATORS = ("unrolled", "jax")
 # Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
@@ -61,8 +68,23 @@ def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) 
     return index
 
 
-def _threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
-    """The key's uint32[2] words when the unrolled generator reproduces jax.random, else None."""
+def generator() -> str:
+    """"unrolled" (the default) or "jax": the environment variable DPBERT_PRNG, read when a
+    function is traced.  "jax" sends every draw of this module to ``jax.random`` itself (the
+    same bits: a check, or a comparison of speed and compile time; the noise then goes leaf
+    by leaf).  JAX lowers its own threefry unrolled off the CPU too (rolled loops on the CPU
+    only), so on an accelerator the two differ in how XLA fuses them, not in kind."""
+    value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "unrolled"
+    if value not in GENERATORS:
+        raise ValueError(f"{GENERATOR_ENV}={value!r}: expected one of {', '.join(GENERATORS)}")
+    return value
+
+
+def threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
+    """The key's uint32[2] words when the unrolled generator reproduces jax.random (and is
+    the one chosen, `generator`), else None."""
+    if generator() != "unrolled":
+        return None
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     impl = str(jax.random.key_impl(key)) if typed else "threefry2x32"
     if ("threefry2x32" not in impl or not jax.config.jax_threefry_partitionable
@@ -81,7 +103,7 @@ def random_bits(key: jax.Array, shape: tuple[int, ...],
     `sharding`: the output's sharding under Explicit mesh axes (None otherwise).
     """
     shape = tuple(int(d) for d in shape)
-    data = _threefry_key_words(key, shape)
+    data = threefry_key_words(key, shape)
     if data is None:
         return jax.random.bits(key, shape, jnp.uint32, out_sharding=sharding)
     low = _flat_index(shape, sharding)
@@ -101,22 +123,73 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...],
     """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``
     (`random_bits`, then jax.random's uniform in [-1, 1) and sqrt(2) erfinv)."""
     shape = tuple(int(d) for d in shape)
-    if _threefry_key_words(key, shape) is None:
+    if threefry_key_words(key, shape) is None:
         return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
-    one = unit_float(random_bits(key, shape, sharding))
-    # uniform in [-1, 1), floored at nextafter(-1, 0), exactly as jax.random.normal does it.
-    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
-    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
-    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
+    return _normal_from_unit(unit_float(random_bits(key, shape, sharding)))
 
 
 def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
               sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """bool of `shape`, bitwise equal to ``jax.random.bernoulli(key, p, shape)`` (float32 p)."""
     shape = tuple(int(d) for d in shape)
-    if _threefry_key_words(key, shape) is None:
+    if threefry_key_words(key, shape) is None:
         return jax.random.bernoulli(key, p, shape, out_sharding=sharding)
     return unit_float(random_bits(key, shape, sharding)) < jnp.float32(p)
+
+
+def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
+                             scale: float | jax.Array = 1.0, loops: int = 16
+                             ) -> list[jax.Array]:
+    """float32 [sizes[j]] for each j: ``scale * jax.random.normal(key_j, (sizes[j],))`` bit for
+    bit as jitted, key_j = ``key_words[j]`` (uint32 [len(sizes), 2], threefry2x32 key data).
+    (`scale` is applied inside the draw, as a leaf's own draw does: XLA folds a constant scale
+    into sqrt(2), and the values must round the same.)
+
+    One elementwise generator for every segment (the DP noise of all parameter leaves) instead
+    of one per leaf: the code, and so the compile time, no longer grows with the number of
+    segments (a leaf's generator is a large fusion, which XLA also copies into each of its
+    consumers).  The segments are laid out in rows of a power-of-two length (each segment
+    padded to whole rows, at most ~6 % more elements); a row's key and first counter come from
+    small per-row tables, so the draw stays a plain vectorised loop.  It runs as `loops`
+    iterations of a loop over blocks of rows: a loop's output is materialised, so XLA cannot
+    copy the generator into the slices the caller takes (an optimization barrier does not
+    stop it).
+    """
+    sizes = tuple(int(n) for n in sizes)
+    if max(sizes, default=0) >= 2 ** 32 or not jax.config.jax_threefry_partitionable:
+        raise ValueError("standard_normal_segments needs jax_threefry_partitionable and "
+                         "segments of fewer than 2^32 elements")
+    total = max(sum(sizes), 1)
+    width = 1 << max(7, min(16, (total // (16 * max(len(sizes), 1))).bit_length() - 1))
+    rows = [-(-n // width) for n in sizes]
+    blocks = max(1, min(loops, sum(rows)))
+    per_block = -(-max(sum(rows), 1) // blocks)
+    pad = blocks * per_block - sum(rows)
+    row_segment = np.concatenate([np.repeat(np.arange(len(sizes)), rows),
+                                  np.zeros(pad, np.int64)]).astype(np.int32)
+    row_start = np.concatenate([np.arange(r, dtype=np.int64) * width for r in rows]
+                               + [np.zeros(pad, np.int64)]).astype(np.uint32)
+    row_words = jnp.asarray(key_words, jnp.uint32)[jnp.asarray(row_segment)]
+    row_start = jnp.asarray(row_start)
+
+    def block(i):
+        words = jax.lax.dynamic_slice_in_dim(row_words, i * per_block, per_block)
+        low = (jax.lax.dynamic_slice_in_dim(row_start, i * per_block, per_block)[:, None]
+               + jax.lax.broadcasted_iota(jnp.uint32, (per_block, width), 1))
+        b0, b1 = _threefry2x32(words[:, :1], words[:, 1:], jnp.zeros_like(low), low)
+        return scale * _normal_from_unit(unit_float(b0 ^ b1))
+
+    out = jax.lax.map(block, jnp.arange(blocks, dtype=jnp.int32)).reshape(-1, width)
+    first = np.cumsum([0] + rows)
+    return [out[first[j]:first[j + 1]].reshape(-1)[:n] for j, n in enumerate(sizes)]
+
+
+def _normal_from_unit(one: jax.Array) -> jax.Array:
+    """sqrt(2) erfinv of a uniform in [-1, 1) made from `one` in [0, 1), as jax.random.normal."""
+    # uniform in [-1, 1), floored at nextafter(-1, 0), exactly as jax.random.normal does it.
+    lo = np.nextafter(np.float32(-1.0), np.float32(0.0))
+    u = jnp.maximum(lo, one * (jnp.float32(1.0) - lo) + lo)
+    return jnp.float32(np.sqrt(2.0)) * jax.lax.erf_inv(u)
 
 
 def explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:

@@ -40,9 +40,10 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:  # progress lines are printed; INFO would repeat them
         logging.set_verbosity(logging.WARNING)
     # Imported here so that --help is instant and XLA flags set by the caller apply.
-    from dpbert.runtime import checkpointing
+    from dpbert.runtime import checkpointing, compile_cache
     from dpbert.tasks import finetuning
 
+    compile_cache.enable(_CONFIG.value)  # config.runtime.compilation_cache_dir
     task = _CONFIG.value.get("task")
     problem = isinstance(task, str) and checkpointing.workdir_task_problem(_WORKDIR.value, task)
     if problem:  # another task's workdir: one line, not a diff of every config field

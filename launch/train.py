@@ -35,11 +35,12 @@ def main(argv):
     if problem:
         cli.fail("train", problem, cli.BAD_INPUT)
     # Imported here so that --help is instant and XLA flags set by the caller apply.
-    from dpbert.runtime import checkpointing
+    from dpbert.runtime import checkpointing, compile_cache
     from dpbert.runtime import loop
     from dpbert.runtime import sharding
     from dpbert.tasks import pretraining
 
+    compile_cache.enable(_CONFIG.value)  # config.runtime.compilation_cache_dir
     problem = checkpointing.workdir_task_problem(_WORKDIR.value, pretraining.TASK.name)
     if problem:  # another task's workdir: one line, not a diff of every config field
         cli.fail("train", problem, cli.BAD_INPUT)

@@ -23,6 +23,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The launchers' own cache (dpbert.runtime.compile_cache, on by default in ~/.cache): the same
+# temporary folder, never the user's.
+os.environ.setdefault("DPBERT_COMPILATION_CACHE_DIR", os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 import pathlib  # noqa: E402
 

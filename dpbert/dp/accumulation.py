@@ -193,15 +193,19 @@ class DPAggregator:
       noise_layouts: optional per-leaf layouts in which to add the noise
         (`dpbert.dp.noise.add_noise`, `dpbert.runtime.sharding.noise_layouts`); a speed knob, the
         noisy gradient is bitwise the same.
+      noise_flat: draw all of the noise in one loop (`dpbert.dp.noise.gaussian_noise`'s
+        `flat`: one copy of the generator in the step, which compiles in a fraction of the
+        time); bitwise the same.  For one device (the trainer sets it when its mesh has one).
     """
 
     def __init__(self, config: DPConfig, loss_fn: clipping.LossFn,
                  optimizer: optax.GradientTransformation, *,
                  trainable: trees.TrainableFilter = None,
                  clipper: clipping.GradientClipper | None = None,
-                 noise_layouts: PyTree | None = None):
+                 noise_layouts: PyTree | None = None, noise_flat: bool = False):
         self.config = config
         self.noise_layouts = noise_layouts
+        self.noise_flat = noise_flat
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.trainable = trainable
@@ -240,7 +244,7 @@ class DPAggregator:
         """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32."""
         noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
                                     self.config.noise_stddev, self.trainable,
-                                    self.noise_layouts)
+                                    self.noise_layouts, self.noise_flat)
         return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy)
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,

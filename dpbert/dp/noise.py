@@ -35,6 +35,11 @@ XLA's CPU lowering of JAX's own threefry runs its 20 rounds as a rolled loop tha
 materialises the [2, n] state between rounds; unrolled, the whole draw (and the
 add and the division that follow it) fuses into one loop over the leaf, about 3x
 faster on CPU.  Each device computes only the counters of the slice it holds.
+Compile time: one unrolled generator per leaf made the DP step compile in ~3x the
+non-private step's time (XLA copies each into every consumer); with ``flat`` (the trainer's
+choice on one device) all leaves' noise comes from one loop, `prng.standard_normal_segments`:
+the same values, one copy of the generator (issue 32; BENCHMARKS.md).  ``DPBERT_PRNG=jax``
+sends every draw to ``jax.random`` (`prng.generator`).
 
 Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
 key's bits), so XLA draws the noise after the backward pass instead of holding the draw's
@@ -79,8 +84,31 @@ def layout_leaves(layouts: PyTree | None, n: int) -> list[jax.sharding.Sharding 
     return out
 
 
+def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
+               stddev: float) -> list | None:
+    """The noise of every trained leaf from one draw (`prng.standard_normal_segments`), or
+    None where it does not apply: a leaf with a layout or an Explicit sharding, a key that is
+    not threefry2x32, the jax.random generator (`prng.generator`), 2^32 elements or more."""
+    drawn = [i for i, t in enumerate(flags) if t and stddev > 0]
+    sizes = tuple(int(leaves[i].size) for i in drawn)
+    if (not drawn or prng.generator() != "unrolled" or sum(sizes) >= 2 ** 32
+            or any(layouts[i] is not None or trees.explicit_sharding(leaves[i]) is not None
+                   for i in drawn)
+            or prng.threefry_key_words(key, ()) is None):
+        return None
+    # fold_in(key, i) for every drawn leaf at once: the same keys as one fold_in per leaf.
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(drawn, jnp.uint32))
+    if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
+        keys = jax.random.key_data(keys)
+    out: list = [None] * len(leaves)
+    for i, draw in zip(drawn, prng.standard_normal_segments(keys, sizes, stddev)):
+        out[i] = draw.reshape(leaves[i].shape)
+    return out
+
+
 def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
-                   trainable: PyTree | None = None, layouts: PyTree | None = None) -> PyTree:
+                   trainable: PyTree | None = None, layouts: PyTree | None = None,
+                   flat: bool = False) -> PyTree:
     """float32 N(0, stddev^2) arrays shaped like `tree` (zeros on frozen leaves).
 
     Leaf i (in `jax.tree.leaves` order) uses ``fold_in(key, i)``.
@@ -88,11 +116,24 @@ def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
     `layouts` (see `add_noise`): per leaf, None or a sharding in which to draw its noise. The
     values do not depend on it: the threefry draw is partitionable, so the noise is bitwise
     the same however it is laid out.
+
+    `flat`: draw every leaf's noise in one loop (`prng.standard_normal_segments`: one copy
+    of the generator in the program instead of one per leaf, so the DP step compiles in a
+    fraction of the time) where it applies -- no layouts, no Explicit shardings, threefry
+    keys, the unrolled generator; else leaf by leaf.  The same values, bit for bit.  It
+    computes all of the noise wherever it runs: meant for one device (the trainer sets it
+    when its mesh has one device).
     """
     leaves, treedef = jax.tree.flatten(tree)
     flags = ([True] * len(leaves) if trainable is None else jax.tree.leaves(trainable))
     if len(flags) != len(leaves):
         raise ValueError("trainable mask does not match the gradient tree")
+    drawn = (_flat_draw(leaves, flags, layout_leaves(layouts, len(leaves)), key, stddev)
+             if flat else None)
+    if drawn is not None:
+        return jax.tree.unflatten(treedef, [
+            d if d is not None else jnp.zeros_like(x, jnp.float32)
+            for x, d in zip(leaves, drawn)])
     out = []
     for i, (leaf, train, layout) in enumerate(zip(leaves, flags,
                                                   layout_leaves(layouts, len(leaves)))):
@@ -133,7 +174,7 @@ def _after(key: jax.Array, x: jax.Array) -> jax.Array:
 
 def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
               trainable: trees.TrainableFilter = None,
-              layouts: PyTree | None = None) -> PyTree:
+              layouts: PyTree | None = None, flat: bool = False) -> PyTree:
     """clipped_sum + N(0, stddev^2 I), float32; frozen leaves get no noise.
 
     Args:
@@ -147,6 +188,7 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
         device keeps its slice of the all-reduced sum), each device draws and adds only its
         slice of the noise, and the noisy leaf is all-gathered back to replicated, instead
         of every device drawing all of the noise.  Values are bitwise the same either way.
+      flat: one draw for all leaves (`gaussian_noise`); bitwise the same values.
 
     Raises:
       TypeError: if a leaf is not float32 (the sum must not be cast before noise).
@@ -168,7 +210,7 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     leaves = [x if lay is None else jax.lax.with_sharding_constraint(x, lay)
               for x, lay in zip(leaves, spread)]
     noise = jax.tree.leaves(gaussian_noise(jax.tree.unflatten(treedef, leaves), key, stddev,
-                                           mask, spread))
+                                           mask, spread, flat))
     out = []
     for x, n, lay in zip(leaves, noise, spread):
         y = x + n

@@ -114,9 +114,11 @@ class DPPlan:
             return None
         return self.ledger.epsilon(step - self.ledger.closed_steps)
 
-    def make_updater(self, loss_fn, optimizer, *, trainable=None, noise_layouts=None):
+    def make_updater(self, loss_fn, optimizer, *, trainable=None, noise_layouts=None,
+                     noise_flat=False):
         """The `DPAggregator` running this plan: clip (or not) -> accumulate -> noise (or not)
-        -> optimizer. `loss_fn` must have `loss_shape`."""
+        -> optimizer. `loss_fn` must have `loss_shape`; `noise_layouts`, `noise_flat`: the
+        aggregator's."""
         from dpbert.dp import accumulation, clipping  # noqa: PLC0415
 
         config = accumulation.DPConfig(
@@ -132,7 +134,8 @@ class DPPlan:
             loss_fn = units.unit_loss(loss_fn, self.unit_loss)
         return accumulation.DPAggregator(config, loss_fn, optimizer, trainable=trainable,
                                          clipper=clipper,
-                                         noise_layouts=noise_layouts)
+                                         noise_layouts=noise_layouts,
+                                         noise_flat=noise_flat)
 
 
 def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) -> None:

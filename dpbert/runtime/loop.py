@@ -300,25 +300,30 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     param_sh = sharding.pure_param_shardings(model, mesh)
     # A replicated parameter's noise is added to each device's slice of the reduced sum and
     # all-gathered (sharding.noise_layouts); sharded parameters get theirs in their own layout.
+    # On one device all of the noise comes from one draw (one copy of the generator in the
+    # step: it compiles in a fraction of the time; the same values).
     updater = plan.make_updater(task.loss(graphdef, config, plan.loss_shape, data), optimizer,
                                 trainable=trainable,
-                                noise_layouts=sharding.noise_layouts(param_sh, params))
+                                noise_layouts=sharding.noise_layouts(param_sh, params),
+                                noise_flat=mesh.devices.size == 1)
     rep = sharding.replicated(mesh)
     # The secret noise key is an argument (not a constant baked into the program); on resume
     # the restored state brings its own.
     noise_key = secrets.noise_key_array() if secrets is not None else np.zeros(2, np.uint32)
     # Dropout: secret in a DP run (keyed by batch position, which depends on the secret sample;
     # `randomness.dropout_key`), the public seed otherwise (reproducible).
-    dropout = (randomness.dropout_key(task_key) if config.dp.enabled and secret
-               else config.seed)
-    init = lambda p, k: TrainState(p, optimizer.init(p),  # noqa: E731
-                                   updater.init(p, dropout, k))
-    abstract = jax.eval_shape(init, params, noise_key)
+    # Both keys are arguments of the jitted init: a constant would be written into the
+    # persistent compilation cache (dpbert.runtime.compile_cache) with the program.
+    dropout = np.asarray(randomness.dropout_key(task_key) if config.dp.enabled and secret
+                         else jax.random.PRNGKey(config.seed), np.uint32)
+    init = lambda p, k, d: TrainState(p, optimizer.init(p),  # noqa: E731
+                                      updater.init(p, d, k))
+    abstract = jax.eval_shape(init, params, noise_key, dropout)
     state_sh = TrainState(param_sh, sharding.opt_state_shardings(abstract.opt_state, params,
                                                                  param_sh, mesh),
                           updater.state_sharding(param_sh, rep))
-    state = jax.jit(init, out_shardings=state_sh)(params, noise_key)
-    del model, param_state, params, noise_key
+    state = jax.jit(init, out_shardings=state_sh)(params, noise_key, dropout)
+    del model, param_state, params, noise_key, dropout
 
     start_step = 0
     if latest is not None:

@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 from scipy import stats
 
+from dpbert import prng
 from dpbert.dp import accumulation, noise, trees
 from tests.dpbert.dp import helpers
 
@@ -258,3 +259,66 @@ def test_fast_threefry_normal_sharded_over_8_devices_is_the_same_draw():
         out = jax.jit(lambda k: noise.threefry_normal(k, (64, 40), sh))(key)
     assert out.sharding.spec == P("data", None)
     np.testing.assert_array_equal(np.asarray(out), ref)
+
+
+@pytest.mark.parametrize("trainable", [None, {"a": True, "b": False, "c": True, "d": True}])
+@pytest.mark.parametrize("generator", ["unrolled", "jax"])
+def test_one_flat_draw_and_both_generators_give_the_same_noise_bit_for_bit(
+        trainable, generator, monkeypatch):
+    """`flat` (one draw for all leaves, `prng.standard_normal_segments`) and the leaf-by-leaf
+    draw, with the unrolled generator or jax.random (DPBERT_PRNG), draw the same noise, that of
+    ``jax.random.normal(fold_in(key, i), leaf.shape)`` on leaf i, and the same noisy sum as
+    the default (leaf by leaf, unrolled)."""
+    tree = {"a": jnp.zeros((5, 7)), "b": jnp.zeros((3,)), "c": jnp.ones(()),
+            "d": jnp.full((4099,), 2.0)}
+    for key in (jax.random.PRNGKey(5), jax.random.key(123)):
+        want = [jax.jit(lambda k, s=x.shape: 1.7 * jax.random.normal(k, s))(
+                    jax.random.fold_in(key, i))
+                if trainable is None or trainable[k] else jnp.zeros_like(x)
+                for i, (k, x) in enumerate(sorted(tree.items()))]
+        today = jax.jit(lambda t, k: noise.add_noise(t, k, 1.7, trainable))(tree, key)
+        monkeypatch.setenv(prng.GENERATOR_ENV, generator)
+        for flat in (False, True):
+            drawn = jax.jit(lambda t, k: noise.gaussian_noise(t, k, 1.7, trainable, flat=flat))(
+                tree, key)
+            added = jax.jit(lambda t, k: noise.add_noise(t, k, 1.7, trainable, flat=flat))(
+                tree, key)
+            for x, w, d, a, b in zip(jax.tree.leaves(tree), want, jax.tree.leaves(drawn),
+                                     jax.tree.leaves(added), jax.tree.leaves(today)):
+                np.testing.assert_array_equal(np.asarray(d), np.asarray(w))
+                # Leaf by leaf, XLA fuses the draw into the add (on the CPU a multiply-add of
+                # one rounding); the flat draw (unrolled only) is added as drawn: sum + noise,
+                # rounded once more (at most 1 ulp apart; the noise itself is the same).
+                one_draw = flat and generator == "unrolled"
+                np.testing.assert_array_equal(
+                    np.asarray(a), np.asarray(jax.jit(jnp.add)(x, d) if one_draw else b))
+        monkeypatch.delenv(prng.GENERATOR_ENV)
+
+
+def test_the_flat_draw_is_one_copy_of_the_generator():
+    """One unrolled generator in the compiled program, whatever the number of leaves."""
+    tree = {f"w{i}": jnp.zeros((16 + i, 8)) for i in range(12)}
+    key = jax.random.PRNGKey(1)
+
+    def rotations(flat):
+        text = jax.jit(lambda t, k: noise.add_noise(t, k, 1.0, flat=flat)).lower(
+            tree, key).compile().as_text()
+        return text.count("shift-left(")
+
+    assert rotations(True) * 4 < rotations(False)
+
+
+def test_the_segments_are_jax_random_normal_of_their_keys():
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    sizes = (1, 0, 3000, 17)
+    for loops in (1, 3, 16):
+        got = jax.jit(lambda k: prng.standard_normal_segments(k, sizes, loops=loops))(keys)
+        for k, n, g in zip(keys, sizes, got):
+            assert g.shape == (n,) and g.dtype == jnp.float32
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.normal(k, (n,))))
+
+
+def test_an_unknown_generator_is_an_error(monkeypatch):
+    monkeypatch.setenv(prng.GENERATOR_ENV, "philox")
+    with pytest.raises(ValueError, match="DPBERT_PRNG"):
+        prng.standard_normal(jax.random.PRNGKey(0), (3,))

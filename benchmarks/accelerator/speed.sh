@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The prepared device run of issue 32: dpbert's DP / non-DP step on one GPU beside Opacus's.
+#
+#   benchmarks/accelerator/speed.sh           # one H100 (<= 8 minutes); wheels from .whl/
+#   benchmarks/accelerator/speed.sh --smoke   # the same parts on the CPU, tiny sizes (< 5 min)
+#
+# Everything goes to $OUT (a temporary folder when unset): speed.json (every part: exit code,
+# seconds, its JSON rows, the end of its log; rewritten after each part, so a run cut short
+# still leaves the parts done) and speed.log (the parts' logs).  Progress lines carry the
+# elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
+# ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
+# Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32 then bf16: non-private
+# and DP step (dp_step.py --quick: time, compile seconds, temp memory, largest batch by a
+# compile-only search); Opacus (hooks, ghost clipping) and PyTorch, same shapes, fp32 + TF32;
+# the demo's examples/s and its second start from the compilation cache; both steps at the
+# largest batch (fp32, then bf16); the DP step's compile seconds with the noise drawn leaf by
+# leaf (before issue 32).
+# The device lacks some packages: benchmarks/accelerator/fetch_wheels.sh downloads them here
+# into .whl/ (ignored); carry .whl, and this script installs them into /tmp/site.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+SMOKE=0
+[ "${1:-}" = "--smoke" ] && SMOKE=1
+PY=${PYTHON:-python3}
+OUT=${OUT:-$(mktemp -d -t speed-out-XXXX)}
+export OUT
+mkdir -p "$OUT"
+PARTS=$(mktemp -d -t speed-parts-XXXX)
+WORK=$(mktemp -d -t speed-work-XXXX)
+START=$(date +%s)
+if [ $SMOKE = 1 ]; then BUDGET=${SPEED_BUDGET_S:-290}; else BUDGET=${SPEED_BUDGET_S:-470}; fi
+log() { echo "[$(( $(date +%s) - START )) s] $*"; }
+
+export PYTHONPATH=".:benchmarks${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export DPBERT_COMPILATION_CACHE_DIR=""   # dp_step.py measures compiling: no cache there
+if [ $SMOKE = 0 ] && ls .whl/*.whl >/dev/null 2>&1; then
+  log "installing $(ls .whl/*.whl | wc -l) wheels from .whl into /tmp/site"
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl || log "pip install failed (the parts that need them fail)"
+  export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+
+# part NAME LIMIT_S COMMAND...: stdout -> PARTS/NAME.out (JSON rows), stderr -> NAME.log.
+part() {
+  local name=$1 limit=$2 left rc t0
+  shift 2
+  left=$(( BUDGET - ($(date +%s) - START) - 5 ))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then
+    log "skip $name (budget spent)"
+    echo "{\"rc\": null, \"skipped\": \"budget\", \"seconds\": 0, \"limit_s\": 0}" \
+      > "$PARTS/$name.meta.json"
+  else
+    log "start $name (limit $limit s)"
+    t0=$(date +%s)
+    timeout -k 5 "$limit" "$@" > "$PARTS/$name.out" 2> "$PARTS/$name.log"
+    rc=$?
+    log "end $name: rc $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ' (timed out)')"
+    echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"limit_s\": $limit}" \
+      > "$PARTS/$name.meta.json"
+    { echo "===== $name (rc $rc)"; tail -n 40 "$PARTS/$name.log"; } >> "$OUT/speed.log"
+  fi
+  $PY benchmarks/accelerator/collect.py combine "$PARTS" > "$OUT/speed.json.tmp" \
+    && mv "$OUT/speed.json.tmp" "$OUT/speed.json"
+}
+
+if [ $SMOKE = 1 ]; then
+  MODEL=tiny; B=8; SIZES=(--seq_len=32 --preds=4 --vocab_size=2000 --rounds=1)
+  DP=(benchmarks/dp_step.py --platform=cpu --devices=1 --search_batch=16 --memory_cap_mib=64)
+  DEMO_STEPS=3
+else
+  MODEL=base; B=32; SIZES=(--seq_len=128 --preds=20 --vocab_size=30522 --rounds=5)
+  DP=(benchmarks/dp_step.py --platform=gpu --devices=1 --search_batch=1024
+      --memory_cap_mib="${SPEED_MEMORY_CAP_MIB:-60000}")
+  DEMO_STEPS=100
+fi
+QUICK=("${DP[@]}" --quick --json --models=$MODEL "${SIZES[@]}" --quick_max_compiles=1)
+largest() {  # the largest batch both steps fitted in a --quick part (else empty)
+  $PY -c "import json,sys; r=json.load(open('$PARTS/$1.out'))
+m=[r[k]['max_batch'] for k in ('plain','dp')]; print(min(m) if all(m) else '')" 2>/dev/null
+}
+demo() {  # demo PART: a fresh workdir, the cache of WORK/cache; JSON of examples/s on stdout
+  JAX_LOG_COMPILES=1 DPBERT_COMPILATION_CACHE_DIR="$WORK/cache" $PY launch/train.py \
+    --config=configs/demo_dp.py --workdir="$WORK/$1" --config.train.num_steps=$DEMO_STEPS \
+    --config.train.log_every=$(( DEMO_STEPS < 10 ? 1 : 10 )) --config.train.eval_every=0 \
+    --config.train.export_hf=false >&2 && $PY benchmarks/accelerator/collect.py demo "$WORK/$1" \
+    "$PARTS/$1.log"
+}
+export -f demo
+export PY WORK DEMO_STEPS PARTS
+
+log "speed.sh: smoke=$SMOKE budget=$BUDGET s OUT=$OUT"
+part versions 30 $PY benchmarks/accelerator/collect.py versions
+part dp_fp32 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32
+part dp_bf16 120 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16
+part opacus 70 $PY benchmarks/accelerator/opacus_step.py --models=$MODEL --batch_size=$B \
+  "${SIZES[@]}"
+part demo 90 bash -c 'demo demo'
+part demo_second_start 40 bash -c 'demo demo_second_start'
+for dtype in float32 bfloat16; do
+  short=$([ $dtype = float32 ] && echo fp32 || echo bf16)
+  M=$(largest dp_$short)
+  if [ -n "$M" ]; then
+    part dp_${short}_largest 70 $PY "${QUICK[@]}" --batch_size=$M --dtype=$dtype \
+      --microbatch_search=false
+  fi
+done
+part dp_per_leaf_compile 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 \
+  --microbatch_search=false --rounds=1 --quick_per_leaf
+log "done: $OUT/speed.json"
+rm -rf "$WORK"

@@ -1,0 +1,110 @@
+"""`dp_step.py --quick`: the non-private and the default DP step only, for a device run.
+
+Per model and device count: each step's compile seconds (and the DP / non-DP ratio, the goal of
+issue 32: <= 1.3x), its time (median of `--rounds` interleaved rounds), its temp memory, and the
+largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memory_cap_mib`, by a
+short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
+compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
+draw before issue 32), for the side-by-side compile ratio.  Which generator ran
+(`dpbert.prng.generator`, DPBERT_PRNG) and the library versions go into the row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+import flax
+import jax
+import jaxlib
+from absl import flags
+
+from dpbert import prng
+
+_PER_LEAF = flags.DEFINE_bool("quick_per_leaf", False, "--quick: also compile the DP step "
+                              "with its noise drawn leaf by leaf.")
+_MAX_COMPILES = flags.DEFINE_integer("quick_max_compiles", 2, "--quick: compiles per step in "
+                                     "the search of the largest batch.")
+
+MIB = 2 ** 20
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def versions() -> dict:
+    return {"python": sys.version.split()[0], "jax": jax.__version__,
+            "jaxlib": jaxlib.__version__, "flax": flax.__version__}
+
+
+def bench(ds, preset: str, devices: int) -> dict:
+    """One row; `ds` is the dp_step module (its Bench, flags and helpers)."""
+    bench_ = ds.Bench(preset, devices)
+    b = ds._BATCH.value
+    clipper = ds.default_clipper()
+    tag = f"[quick {preset} x{bench_.devices}]"
+    steps = {"plain": bench_.plain_step(b), "dp": bench_.dp_step(clipper, b)}
+    compiled, compile_s = {}, {}
+    for name, (fn, args) in steps.items():
+        compiled[name], compile_s[name] = ds.Bench.compile(fn, args)
+        _log(f"{tag} {name} compiled in {compile_s[name]:.1f} s, temp "
+             f"{ds.temp_bytes(compiled[name]) / MIB:.0f} MiB")
+    per_leaf_s = None
+    if _PER_LEAF.value:
+        per_leaf_s = ds.Bench.compile(*bench_.dp_step(clipper, b, noise_flat=False))[1]
+        _log(f"{tag} dp with the noise drawn leaf by leaf compiled in {per_leaf_s:.1f} s")
+    times = ({} if ds._COMPILE_ONLY.value
+             else ds.time_interleaved(steps, compiled, ds._ROUNDS.value))
+    cap = ds.memory_cap(preset)
+    search = max(ds._SEARCH_BATCH.value, bench_.devices)
+    makers = {"plain": lambda m, n: bench_.plain_step(m, n),
+              "dp": lambda m, n: bench_.dp_step(clipper, m, n)}
+    row = {"mode": "quick", "model": preset, "params": bench_.num_params,
+           "devices": bench_.devices, "platform": jax.devices()[0].platform,
+           "device_kind": jax.devices()[0].device_kind, "batch_size": b,
+           "seq_len": ds._SEQ.value, "dtype": ds._DTYPE.value, "task": ds._TASK.value,
+           "clipper": clipper, "generator": prng.generator(),
+           "noise_flat": bool(bench_.aggregator(clipper).noise_flat),
+           "memory_cap_mib": cap / MIB, "versions": versions()}
+    for name in steps:
+        found = (ds.largest_microbatch(makers[name], search, bench_.devices, cap,
+                                       (b, ds.temp_bytes(compiled[name])), _MAX_COMPILES.value)
+                 if ds._SEARCH.value else (None, None, 0))
+        row[name] = {"compile_s": compile_s[name],
+                     "temp_mib": ds.temp_bytes(compiled[name]) / MIB,
+                     "total_mib": ds.total_bytes(compiled[name]) / MIB,
+                     "s": statistics.median(times[name]) if times else None,
+                     "max_batch": found[0],
+                     "max_batch_temp_mib": None if found[1] is None else found[1] / MIB}
+    ratio = lambda k: (row["dp"][k] / row["plain"][k]  # noqa: E731
+                       if row["dp"][k] and row["plain"][k] else None)
+    row["compile_ratio"] = ratio("compile_s")
+    row["temp_memory_ratio"] = ratio("temp_mib")
+    row["max_batch_ratio"] = ratio("max_batch")
+    row["time_ratio"] = (statistics.median([d / p for d, p in zip(times["dp"], times["plain"])])
+                         if times else None)
+    if per_leaf_s is not None:
+        row["per_leaf_compile_s"] = per_leaf_s
+        row["per_leaf_compile_ratio"] = per_leaf_s / compile_s["plain"]
+    _log(f"{tag} DP / non-DP compile ratio {row['compile_ratio']:.2f}x")
+    return row
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def line(row: dict) -> str:
+    """One readable line per row (without --json)."""
+    p, d = row["plain"], row["dp"]
+    s = (f"{row['model']} x{row['devices']} {row['platform']} {row['dtype']} batch "
+         f"{row['batch_size']} ({row['clipper']}, {row['generator']}): compile non-DP "
+         f"{p['compile_s']:.1f} s, DP {d['compile_s']:.1f} s ({_x(row['compile_ratio'])}); "
+         f"time ratio {_x(row['time_ratio'])}; temp {d['temp_mib']:.0f} / {p['temp_mib']:.0f} "
+         f"MiB ({_x(row['temp_memory_ratio'])}); largest batch {d['max_batch']} / "
+         f"{p['max_batch']}")
+    if "per_leaf_compile_s" in row:
+        s += (f"; DP with the noise leaf by leaf {row['per_leaf_compile_s']:.1f} s "
+              f"({_x(row['per_leaf_compile_ratio'])})")
+    return s
