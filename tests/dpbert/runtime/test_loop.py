@@ -58,7 +58,8 @@ def test_auto_clipping_is_resolved_by_the_task_before_the_plan(cache_dir):
     assert config.dp.clipping == "mixed_ghost"      # one sequence per unit: the fastest
     loop.validate(pretraining.TASK, config)          # idempotent
     assert config.dp.clipping == "mixed_ghost"
-    per_patient = small_config(cache_dir, **{"dp.privacy_unit": "patient"})
+    per_patient = small_config(cache_dir, **{"dp.privacy_unit": "patient",
+                                             "data.eval_split_unit": "subject"})
     loop.validate(pretraining.TASK, per_patient)
     assert per_patient.dp.clipping == "ghost_embedding"   # a unit's loss has no dense taps
     ft = finetune_classification.get_config()
