@@ -6,6 +6,8 @@
   from keyword arguments (the CLI's);
 * `max_steps_within_budget`: the largest T whose epsilon is <= a target (optionally after earlier
   segments of a resumed run, `dpbert.dp.ledger`);
+* `budget_fixes`: when not even one step fits a budget, the sigma, budget and steps that
+  would (the plan's refusal, `dpbert.dp.plan.no_step_fits`);
 * `PrivacyBudget`: "may the run take another step?";
 * Hoory et al.'s sigma ∝ sqrt(B) rule and its exact recalibration.
 """
