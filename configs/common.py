@@ -340,6 +340,15 @@ def data_config() -> ml_collections.ConfigDict:
     # records and two documents under a per-note guarantee (data_pipelines/identity.py). A
     # vocabulary built in the workdir follows the same rule.
     c.duplicate_ids = "refuse"
+    # text / noteevents, on a run's first start: read the corpus once before anything is built
+    # or spent, count its records (documents, notes, patients) and refuse with the fix (the
+    # records needed, the vocab.epsilon, sigma or target that would do) when (1) a DP
+    # vocabulary built here could not be useful: a word survives only if about tau records
+    # use it (tau from vocab.epsilon, vocab.delta, vocab.max_words_per_example), refused below
+    # 2 tau records, a warning below 10 tau; (2) with dp.privacy_unit note / patient:
+    # batch.expected_batch_size exceeds the units, or (fixed dp.noise_multiplier) not even one
+    # step fits dp.target_epsilon. configs/own_corpus.py turns it on; False skips the read.
+    c.preflight = False
     # Use at most this many documents per source (0 = all); for quick runs.
     c.max_documents = 0
     # Sentences longer than this many characters are cut at whitespace (pasted tables).

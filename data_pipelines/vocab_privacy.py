@@ -255,12 +255,18 @@ def calibrate_histogram(epsilon: float, delta: float, max_words_per_example: int
                             delta_threshold / k, delta_noise, delta_threshold)
 
 
-def check_conditions(privacy: HistogramPrivacy, num_examples: int) -> None:
+def check_conditions(privacy: HistogramPrivacy, num_examples: int,
+                     names: Mapping[str, str] | None = None) -> None:
     """Checks 0 < eps' < ln n and 0 < delta' < 1/n for n = ``num_examples``.
+
+    ``names``: the flags to name for "epsilon", "delta", "max_words_per_example" (default
+    launch/build_vocab.py's; a training run passes its --config.vocab.* fields).
 
     Raises:
       VocabError: naming the violated condition and the values.
     """
+    flag = {k: f"--{k}" for k in ("epsilon", "delta", "max_words_per_example")}
+    flag.update(names or {})
     n = num_examples
     if n < 2:
         raise VocabError(f"need at least 2 examples for a DP vocabulary, got {n}")
@@ -274,13 +280,13 @@ def check_conditions(privacy: HistogramPrivacy, num_examples: int) -> None:
         raise VocabError(
             f"per-word epsilon {eps_w:.4g} must be in (0, ln n = {math.log(n):.4g}) for "
             f"n={n} examples (epsilon={privacy.epsilon}, K={privacy.max_words_per_example},"
-            f" accounting={privacy.accounting}); lower --epsilon or raise "
-            f"--max_words_per_example")
+            f" accounting={privacy.accounting}); lower {flag['epsilon']} or raise "
+            f"{flag['max_words_per_example']}")
     if not 0 < delta_w < 1.0 / n:
         raise VocabError(
             f"per-word delta {delta_w:.4g} must be in (0, 1/n = {1.0 / n:.4g}) for "
             f"n={n} examples (delta={privacy.delta}, K={privacy.max_words_per_example}); "
-            f"lower --delta")
+            f"lower {flag['delta']}")
 
 
 

@@ -6,6 +6,8 @@
   from keyword arguments (the CLI's);
 * `max_steps_within_budget`: the largest T whose epsilon is <= a target (optionally after earlier
   segments of a resumed run, `dpbert.dp.ledger`);
+* `budget_fixes`: when not even one step fits a budget, the sigma, budget and steps that
+  would (the plan's refusal, `dpbert.dp.plan.no_step_fits`);
 * `PrivacyBudget`: "may the run take another step?";
 * Hoory et al.'s sigma ∝ sqrt(B) rule and its exact recalibration.
 """
@@ -181,6 +183,48 @@ def max_steps_within_budget(spec: AccountingSpec, target_epsilon: float,
     if upper_limit < MAX_PLD_STEPS and ok(upper_limit):
         return upper_limit
     return spec.accounted_by.max_steps(spec, ok, target_epsilon, upper_limit, prior)
+
+
+def budget_fixes(spec: AccountingSpec, steps: int, target_epsilon: float, *,
+                 prior: tuple = (), target_field: str = "dp.target_epsilon",
+                 other_parts: float = 0.0) -> str:
+    """When not even one step of `spec` fits `target_epsilon` (after `prior` segments): the
+    fixes, computed by the spec's accountant, as one sentence naming the config fields: the
+    sigma that makes `steps` steps fit, the budget one step and all `steps` steps need at the
+    configured sigma, the steps that fit with twice the noise. `target_field` is the budget
+    the user set: dp.target_epsilon, or dp.total_epsilon whose share the target is, after
+    `other_parts` (the vocabulary's epsilon) of it."""
+    steps = check_int("steps", steps, minimum=1)
+    prior = tuple(s for s in prior if s.steps > 0)
+
+    def epsilon(s: AccountingSpec, t: int) -> float:
+        return (composed_epsilon([(p.spec, p.steps) for p in prior] + [(s, t)]) if prior
+                else s.epsilon(t))
+
+    fixes = []
+    try:
+        sigma = calibrate(spec, steps, target_epsilon, prior=prior)
+        fixes.append(f"dp.noise_multiplier={_up(sigma)} (what train.num_steps={steps} "
+                     "steps need; dp.noise_multiplier=None calibrates it)")
+    except ValueError:
+        pass  # the prior segments alone spend the target: only a larger budget helps
+    fixes.append(f"{target_field}={_up(other_parts + epsilon(spec, 1))} or more for one step "
+                 f"at sigma {spec.noise_multiplier:g}, "
+                 f"{_up(other_parts + epsilon(spec, steps))} for all {steps}")
+    doubled = spec.replace(noise_multiplier=2 * spec.noise_multiplier)
+    fit = max_steps_within_budget(doubled, target_epsilon, upper_limit=steps, prior=prior)
+    if fit:
+        fixes.append(f"dp.noise_multiplier={_up(2 * spec.noise_multiplier)} (twice the noise) "
+                     f"fits {fit} step{'s' if fit > 1 else ''}")
+    return "; ".join(fixes)
+
+
+def _up(x: float) -> str:
+    """x rounded UP to 3 significant digits (a sigma or a budget that then still fits)."""
+    if x <= 0 or not math.isfinite(x):
+        return f"{x:g}"
+    scale = 10 ** (2 - math.floor(math.log10(x)))
+    return f"{math.ceil(x * scale - 1e-9) / scale:g}"
 
 
 class PrivacyBudget:

@@ -357,16 +357,7 @@ def _budget(dp, ledger: ledger_lib.PrivacyLedger, num_steps: int,
     by_budget = ledger.closed_steps + allowed
     num_steps = min(num_steps, by_budget)
     if num_steps == 0:
-        spent = (f" after the starting model's training on this data (epsilon "
-                 f"{ledger.epsilon(0):.4g} before the first step; model.init_data='same')"
-                 if ledger.inherited else "")
-        raise ConfigError(f"config.dp.target_epsilon={dp.target_epsilon}: not even one step "
-                          f"fits the training's budget with noise multiplier "
-                          f"{ledger.current.noise_multiplier}{spent}. Set "
-                          "dp.noise_multiplier=None (sigma is then calibrated so that "
-                          "train.num_steps steps spend the budget), a larger "
-                          "dp.noise_multiplier, a smaller batch.expected_batch_size (q = B/N), "
-                          "or a larger budget")
+        raise ConfigError(no_step_fits(dp, ledger, requested - ledger.closed_steps))
     if num_steps < start_step:
         raise ConfigError(
             f"config.dp.target_epsilon={dp.target_epsilon}: the checkpoint at step "
@@ -379,3 +370,25 @@ def _budget(dp, ledger: ledger_lib.PrivacyLedger, num_steps: int,
             dp.target_epsilon, start_step, ledger.epsilon(start_step - ledger.closed_steps),
             requested, start_step)
     return num_steps, by_budget
+
+
+def no_step_fits(dp, ledger: ledger_lib.PrivacyLedger, steps: int) -> str:
+    """The refusal of a budget that not even one step fits, with the fixes the accountant
+    computes (`calibration.budget_fixes`: the sigma that fits `steps` steps, the budget one
+    and all steps need, the steps twice the noise allows)."""
+    spent = (f" after the starting model's training on this data (epsilon "
+             f"{ledger.epsilon(0):.4g} before the first step; model.init_data='same')"
+             if ledger.inherited else "")
+    total = dp.get("total_epsilon")
+    if total is not None:
+        field, other = "dp.total_epsilon", float(total) - float(dp.target_epsilon)
+        what = (f"config.dp.total_epsilon={total} leaves the training epsilon "
+                f"{dp.target_epsilon:.4g} (after the vocabulary's {other:.4g}):")
+    else:
+        field, other = "dp.target_epsilon", 0.0
+        what = f"config.dp.target_epsilon={dp.target_epsilon}:"
+    fixes = calibration.budget_fixes(ledger.current, max(1, steps), dp.target_epsilon,
+                                     prior=ledger.prior, target_field=field, other_parts=other)
+    return (f"{what} not even one step fits the training's budget with noise multiplier "
+            f"{ledger.current.noise_multiplier}{spent}. Fixes the accountant computes: {fixes}; "
+            "or a smaller batch.expected_batch_size (q = B/N)")

@@ -31,6 +31,7 @@ from flax import nnx
 from data_pipelines import dp_vocab, fileio, identity, synthetic_notes, tokenization
 from data_pipelines import pretraining as pretraining_data
 from dpbert.privacy import dchi
+from dpbert.tasks import preflight
 from dpbert.models import hf, hf_export
 from dpbert.runtime import hosts, loop
 from dpbert.models import losses
@@ -117,6 +118,7 @@ class PretrainingTask:
 
     def prepare(self, config, workdir: pathlib.Path, task_key) -> loop.TaskData:
         data_config = prepare_corpus(config, workdir)
+        preflight.check(config, data_config, workdir)  # data.preflight: before anything is built
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         unit = config.dp.privacy_unit

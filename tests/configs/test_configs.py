@@ -17,7 +17,7 @@ def _get(name, arg=None):
 
 def test_every_config_loads_without_arg():
     assert CONFIGS == ["demo_dp", "finetune_classification", "finetune_ner", "mimic_dp",
-                       "privacy_adaptive", "wiki_books"]
+                       "own_corpus", "privacy_adaptive", "wiki_books"]
     for name in CONFIGS:
         _get(name)
 
