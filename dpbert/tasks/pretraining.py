@@ -390,4 +390,7 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int
         attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         max_position_embeddings=m.max_position_embeddings)
     logging.info("model: BERT %s, vocabulary %d", m.size, vocab_size)
-    return model_lib.create_model(cfg, seed=config.seed)
+    model = model_lib.create_model(cfg, seed=config.seed)
+    if m.get("position_init", "normal") == "sinusoidal":
+        model_lib.init_sinusoidal_positions(model)
+    return model
