@@ -260,7 +260,13 @@ class DPAggregator:
         """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
         return jax.random.fold_in(state.noise_key, state.step)
 
-    def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
+    def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> PyTree:
+        """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32 (BandMF: its
+        correlated noise, `noisy_gradient_and_buffers`)."""
+        return self.noisy_gradient_and_buffers(state, clipped_sum)[0]
+
+    def noisy_gradient_and_buffers(self, state: DPState,
+                                   clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
         """((clipped_sum + noise) / expected_batch_size, float32; the new `buffers`). The noise:
         N(0, std^2 I), or BandMF's correlated noise (`noise.add_correlated_noise`)."""
         if self.config.strategy is None:
@@ -277,7 +283,7 @@ class DPAggregator:
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,
                clipped_sum: PyTree) -> tuple[PyTree, PyTree, PyTree]:
-        grads, buffers = self.noisy_gradient(state, clipped_sum)
+        grads, buffers = self.noisy_gradient_and_buffers(state, clipped_sum)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         mask = trees.resolve_trainable_mask(params, self.trainable)
         updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u), updates, mask)
