@@ -99,7 +99,7 @@ def make_dp_event(effective_sigma: float, q: float, steps: int, *,
 
 
 def _truncates(spec: AccountingSpec) -> bool:
-    return spec.max_batch_size is not None and spec.max_batch_size < spec.num_examples
+    return spec.max_batch_size is not None and spec.max_batch_size < spec.group_size
 
 
 class Accountant(abc.ABC):
@@ -191,7 +191,7 @@ def _rdp_sigma(spec: AccountingSpec, steps: int, target_epsilon: float, tol: flo
     try:
         return float(dp_accounting.calibrate_dp_mechanism(
             rdp_privacy_accountant.RdpAccountant,
-            lambda s: make_dp_event(s, q, steps), target_epsilon, spec.delta,
+            lambda s: make_dp_event(s, q, spec.rounds(steps)), target_epsilon, spec.delta,
             bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol))
     except mechanism_calibration.NoBracketIntervalFoundError:
         # dp_accounting searches sigma >= 1e-3 and found none large enough to go below the
@@ -255,8 +255,9 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
 
 
 def _mechanism(spec: AccountingSpec) -> tuple:
-    """The arguments of `_single_step_pld` that describe one step of `spec` (hashable)."""
-    return (spec.effective_noise_multiplier, spec.q, spec.num_examples, spec.max_batch_size)
+    """The arguments of `_single_step_pld` that describe one step of `spec` (hashable): one
+    round of BandMF is a step of DP-SGD on its group (`dpbert.dp.bandmf`)."""
+    return (spec.effective_noise_multiplier, spec.q, spec.group_size, spec.max_batch_size)
 
 
 @functools.lru_cache(maxsize=256)
@@ -291,10 +292,11 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
     """
     # One grid for every segment (PLDs compose only on the same grid): the coarsest needed.
     discretization = max([pld_grid.bounded_discretization(
-        s.spec.effective_noise_multiplier, s.spec.q, s.spec.num_examples,
-        s.spec.max_batch_size, max(s.steps, 1), discretization) for s in prior] + [
-        pld_grid.bounded_discretization(sigma_eff, spec.q, spec.num_examples,
-                                        spec.max_batch_size, max(steps, 1), discretization)])
+        s.spec.effective_noise_multiplier, s.spec.q, s.spec.group_size,
+        s.spec.max_batch_size, max(s.spec.rounds(s.steps), 1), discretization)
+        for s in prior] + [
+        pld_grid.bounded_discretization(sigma_eff, spec.q, spec.group_size, spec.max_batch_size,
+                                        max(spec.rounds(steps), 1), discretization)])
     composed = _composed_pld(sigma_eff, spec, steps, discretization)
     for segment in prior:  # earlier segments of a resumed run (`dpbert.dp.ledger`)
         earlier = _composed_pld(segment.spec.effective_noise_multiplier, segment.spec,
@@ -308,10 +310,11 @@ def _fast_pld_epsilon(sigma_eff: float, spec: AccountingSpec, steps: int,
 
 def _composed_pld(sigma_eff: float, spec: AccountingSpec, steps: int,
                   discretization: float) -> pld_lib.PrivacyLossDistribution | None:
-    """The PLD of `steps` steps of `spec` (None for 0 steps)."""
+    """The PLD of `steps` steps of `spec` (None for 0 steps; BandMF: of its rounds)."""
+    steps = spec.rounds(steps)
     if steps <= 0:
         return None
-    single = _single_step_pld(sigma_eff, spec.q, spec.num_examples, spec.max_batch_size,
+    single = _single_step_pld(sigma_eff, spec.q, spec.group_size, spec.max_batch_size,
                               discretization)
     # Private attribute, used only to pick the faster of two equivalent paths.
     sparse = isinstance(getattr(single, "_pmf_remove", None), pld_pmf.SparsePLDPmf)
@@ -336,9 +339,10 @@ class PldAccountant(Accountant):
     def epsilon(self, segments: Sequence[tuple[AccountingSpec, int]], delta: float,
                 discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
         if len(segments) > 1:
-            parts = tuple((_mechanism(spec), steps) for spec, steps in segments)
+            parts = tuple((_mechanism(spec), spec.rounds(steps)) for spec, steps in segments)
             return _accountant_composed_epsilon(parts, delta, discretization)
         (spec, steps), = segments
+        steps = spec.rounds(steps)  # BandMF: one unit's rounds; DP-SGD: the steps
         # On the grid of `pld_discretization_for`: coarser only where the default explodes.
         discretization = pld_grid.pld_discretization_for(spec, steps, discretization)
         mechanism = _mechanism(spec)
@@ -408,7 +412,7 @@ class PldAccountant(Accountant):
     def coarse_grid(self, spec: AccountingSpec, steps: int) -> float | None:
         if not steps:
             return None
-        grid = pld_grid.pld_discretization_for(spec, steps)
+        grid = pld_grid.pld_discretization_for(spec, spec.rounds(steps))
         return grid if grid > DEFAULT_PLD_DISCRETIZATION else None
 
 

@@ -69,7 +69,7 @@ import dp_accounting
 
 from dpbert.core import units as privacy_units
 from dpbert.core.checks import check_choice, check_int, check_positive, validate_delta
-from dpbert.dp import accountants
+from dpbert.dp import accountants, bandmf
 from dpbert.dp.accountants import DEFAULT_PLD_DISCRETIZATION, make_dp_event  # noqa: F401
 from dpbert.dp.noise_modes import NOISE_MODES, effective_noise_multiplier  # noqa: F401
 from dpbert.dp.pld_grid import MAX_PLD_STEPS, pld_discretization_for  # noqa: F401
@@ -108,6 +108,12 @@ class AccountingSpec:
       max_batch_size: truncation size of Poisson batches, or None.
       accountant: the name of its `dpbert.dp.accountants.Accountant`: "pld" (default) |
         "rdp" (a name, so that specs round-trip through JSON: `accounted_by` is the object).
+      mechanism: "dpsgd" (i.i.d. noise) | "bandmf" (`dpbert.dp.bandmf`: noise correlated by a
+        banded strategy, cyclic Poisson sampling of `num_bands` groups of N // num_bands units
+        with q = expected_batch_size / (N // num_bands), ceil(T / num_bands) rounds accounted).
+      num_bands: b (1 for "dpsgd").
+      strategy: BandMF's b Toeplitz coefficients (norm 1; () for "dpsgd"). They do not change
+        epsilon, but the noise: part of the spec so that a resumed run keeps them.
     """
 
     noise_multiplier: float
@@ -119,11 +125,30 @@ class AccountingSpec:
     num_shards: int = 1
     max_batch_size: int | None = None
     accountant: str = "pld"
+    mechanism: str = "dpsgd"
+    num_bands: int = 1
+    strategy: tuple[float, ...] = ()
 
     def __post_init__(self):
         check_choice("sampling", self.sampling, SAMPLING_MODES)
+        check_choice("mechanism", self.mechanism, bandmf.MECHANISMS)
         accountant = accountants.get(self.accountant)
         check_int("num_examples", self.num_examples, minimum=1)
+        check_int("num_bands", self.num_bands, minimum=1)
+        if self.mechanism == "dpsgd":
+            if self.num_bands != 1 or self.strategy:
+                raise ValueError("num_bands and strategy belong to mechanism='bandmf'")
+        else:
+            if self.sampling != "poisson":
+                raise ValueError("mechanism='bandmf' samples by cyclic Poisson: "
+                                 "sampling='poisson'")
+            object.__setattr__(self, "strategy", bandmf.check_strategy(self.strategy))
+            if len(self.strategy) != self.num_bands:
+                raise ValueError(f"a {self.num_bands}-band strategy has {self.num_bands} "
+                                 f"coefficients, not {len(self.strategy)}")
+            if self.num_examples < self.num_bands:
+                raise ValueError(f"num_examples={self.num_examples} is below "
+                                 f"num_bands={self.num_bands}")
         validate_delta(self.delta, self.num_examples)
         sampling_probability(self.expected_batch_size, self.num_examples)
         effective_noise_multiplier(self.noise_multiplier, self.noise_mode, self.num_shards)
@@ -139,24 +164,39 @@ class AccountingSpec:
     @classmethod
     def from_sampler(cls, sampler: Any, *, noise_multiplier: float, delta: float,
                      noise_mode: str = "global", num_shards: int = 1,
-                     accountant: str = "pld") -> "AccountingSpec":
+                     accountant: str = "pld", mechanism: str = "dpsgd",
+                     strategy: tuple[float, ...] = ()) -> "AccountingSpec":
         """The spec of a run fed by a `dpbert.dp.sampling` sampler.
 
-        Takes sampling, N, expected batch size and, for Poisson sampling, the
-        sampler's truncation size (calls_per_batch * physical_batch_size) from the
-        sampler itself, so the accounted mechanism is the one really run.
+        Takes sampling, N, expected batch size, the number of cyclic groups (BandMF's bands)
+        and, for Poisson sampling, the sampler's truncation size (calls_per_batch *
+        physical_batch_size) from the sampler itself, so the accounted mechanism is the one
+        really run.
         """
         max_batch = getattr(sampler, "max_batch_size", None)
-        truncates = sampler.sampling == "poisson" and max_batch < sampler.num_examples
+        group = getattr(sampler, "group_size", sampler.num_examples)
+        truncates = sampler.sampling == "poisson" and max_batch < group
         return cls(noise_multiplier=noise_multiplier,
                    expected_batch_size=sampler.expected_batch_size,
                    num_examples=sampler.num_examples, delta=delta, sampling=sampler.sampling,
                    noise_mode=noise_mode, num_shards=num_shards,
-                   max_batch_size=max_batch if truncates else None, accountant=accountant)
+                   max_batch_size=max_batch if truncates else None, accountant=accountant,
+                   mechanism=mechanism, num_bands=getattr(sampler, "num_bands", 1),
+                   strategy=tuple(strategy))
+
+    @property
+    def group_size(self) -> int:
+        """The units one step samples from: N, or N // b for BandMF's cyclic groups."""
+        return self.num_examples // self.num_bands
+
+    def rounds(self, steps: int) -> int:
+        """The steps one unit can take part in among `steps` (what is composed): T for DP-SGD,
+        ceil(T / b) for BandMF."""
+        return bandmf.rounds(steps, self.num_bands) if self.mechanism == "bandmf" else steps
 
     @property
     def q(self) -> float:
-        return sampling_probability(self.expected_batch_size, self.num_examples)
+        return sampling_probability(self.expected_batch_size, self.group_size)
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -167,6 +207,12 @@ class AccountingSpec:
         return self.sampling == "poisson"
 
     def event(self, steps: int) -> dp_accounting.DpEvent:
+        """The dp_accounting event of `steps` steps (BandMF: jax-privacy's)."""
+        if self.mechanism == "bandmf":
+            return bandmf.dp_event(self.effective_noise_multiplier, steps,
+                                   num_bands=self.num_bands, sampling_prob=self.q,
+                                   group_size=self.group_size,
+                                   max_batch_size=self.max_batch_size)
         return make_dp_event(self.effective_noise_multiplier, self.q, steps,
                              num_examples=self.num_examples,
                              max_batch_size=self.max_batch_size)
@@ -246,7 +292,8 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
       dict with epsilon, delta, noise_multiplier, effective_noise_multiplier,
       clip_norm, sampling, sampling_probability, expected_batch_size,
       max_batch_size, num_examples, steps, accountant, privacy_unit (its name), noise_mode,
-      num_shards and proven_bound.
+      num_shards, proven_bound and mechanism ("dpsgd" | "bandmf"; BandMF adds num_bands, its
+      strategy's coefficients, group_size and the rounds accounted).
     """
     unit = privacy_units.get(privacy_unit)
     if clip_norm is not None:
@@ -271,4 +318,8 @@ def privacy_report(spec: AccountingSpec, steps: int, *, clip_norm: float | None,
         "noise_mode": spec.noise_mode,
         "num_shards": int(spec.num_shards),
         "proven_bound": spec.proven_bound,
+        "mechanism": spec.mechanism,
+        **({"num_bands": spec.num_bands, "strategy": list(spec.strategy),
+            "group_size": spec.group_size, "rounds": spec.rounds(steps)}
+           if spec.mechanism == "bandmf" else {}),
     }

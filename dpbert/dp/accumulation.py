@@ -94,6 +94,9 @@ class DPConfig:
         (`dpbert.runtime.sharding.num_batch_shards(mesh)`, i.e. data x fsdp on dpbert's mesh).
         It sets the microbatch layout (one partial sum per shard) and, with
         noise_mode="per_shard", the noise std and the accounted sigma * sqrt(P).
+      strategy: None (DP-SGD: i.i.d. noise) or BandMF's Toeplitz coefficients (c_0, ...,
+        c_{b-1}), norm 1 (`dpbert.dp.bandmf`): the noise of step t is noise_stddev * y_t, y =
+        C^-1 z, with the last b - 1 y's kept in `DPState.buffers`.
       noise_stddev: (not an argument) the total noise std, computed once from the fields
         (`dpbert.dp.noise_modes.noise_stddev`; `DPPlan.make_updater` passes the plan's sigma).
     """
@@ -105,6 +108,7 @@ class DPConfig:
     accumulation_steps: int = 1
     noise_mode: str = "global"
     num_shards: int = 1
+    strategy: tuple[float, ...] | None = None
     # sigma * C (* sqrt(P) per shard): computed once, here, from the fields above
     # (`dpbert.dp.noise_modes.noise_stddev`, which also validates them).
     noise_stddev: float = dataclasses.field(init=False, repr=False, compare=False)
@@ -117,6 +121,11 @@ class DPConfig:
         if not isinstance(self.accumulation_steps, int) or self.accumulation_steps < 1:
             raise ValueError(f"accumulation_steps={self.accumulation_steps!r} must be an "
                              "int >= 1")
+        if self.strategy is not None:
+            strategy = tuple(float(c) for c in self.strategy)
+            if not strategy or not all(math.isfinite(c) for c in strategy) or strategy[0] <= 0:
+                raise ValueError(f"strategy={self.strategy!r} must be finite with c_0 > 0")
+            object.__setattr__(self, "strategy", strategy)
         object.__setattr__(self, "noise_stddev", noise_lib.noise_stddev(
             self.clip_norm, self.noise_multiplier, self.noise_mode, self.num_shards))
         clipping.VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards)
@@ -157,6 +166,11 @@ class DPState:
       rng: uint32 [2], raw PRNG key of per-example randomness (dropout).
       noise_key: uint32 [2], raw PRNG key of the Gaussian noise (secret: it is private like
         the data, kept only in checkpoints; never logged).
+      buffers: BandMF only (None otherwise): (y_{t-1}, ..., y_{t-b+1}), float32 pytrees like
+        params, the correlated noise of the last b - 1 steps in units of noise_stddev
+        (`dpbert.dp.noise.add_correlated_noise`). Secret like the noise key (they are the noise
+        of released updates: with them the next update's noise is partly predictable), kept
+        only in checkpoints.
     """
 
     grad_acc: PyTree
@@ -164,10 +178,11 @@ class DPState:
     step: jax.Array
     rng: jax.Array
     noise_key: jax.Array
+    buffers: PyTree = None
 
 
 def init_state(rng: jax.Array | int, noise_key: jax.Array | None = None,
-               grad_acc: PyTree = None) -> DPState:
+               grad_acc: PyTree = None, buffers: PyTree = None) -> DPState:
     """A `DPState` at step 0 (see `DPAggregator.init`)."""
     if isinstance(rng, int):
         rng = jax.random.PRNGKey(rng)
@@ -176,7 +191,7 @@ def init_state(rng: jax.Array | int, noise_key: jax.Array | None = None,
         noise_key = jax.random.fold_in(rng, _NOISE_STREAM)
     return DPState(grad_acc=grad_acc, micro_step=jnp.zeros((), jnp.int32),
                    step=jnp.zeros((), jnp.int32), rng=rng,
-                   noise_key=jnp.asarray(noise_key, jnp.uint32))
+                   noise_key=jnp.asarray(noise_key, jnp.uint32), buffers=buffers)
 
 
 class DPAggregator:
@@ -217,9 +232,12 @@ class DPAggregator:
         """Initial state; `rng` is an int seed or a raw uint32[2] key; `noise_key` a raw
         uint32[2] secret key (None: fold_in(rng, 1), reproducible and NOT private)."""
         trees.resolve_trainable_mask(params, self.trainable)  # validate early
-        acc = (None if self.config.accumulation_steps == 1 else
-               jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params))
-        return init_state(rng, noise_key, acc)
+        zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),  # noqa: E731
+                                     params)
+        acc = None if self.config.accumulation_steps == 1 else zeros()
+        buffers = (None if self.config.strategy is None else
+                   tuple(zeros() for _ in self.config.strategy[1:]))
+        return init_state(rng, noise_key, acc, buffers)
 
     def state_sharding(self, param_sharding: PyTree, replicated: Any) -> DPState:
         """Shardings of a `DPState`: grad_acc like the params, the rest replicated.
@@ -228,8 +246,10 @@ class DPAggregator:
         call to call (no recompilation, no resharding).
         """
         acc = None if self.config.accumulation_steps == 1 else param_sharding
+        buffers = (None if self.config.strategy is None else
+                   tuple(param_sharding for _ in self.config.strategy[1:]))
         return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated,
-                       noise_key=replicated)
+                       noise_key=replicated, buffers=buffers)
 
     def example_key(self, state: DPState) -> jax.Array:
         """Key of the current logical batch's examples (example at position p:
@@ -241,19 +261,33 @@ class DPAggregator:
         return jax.random.fold_in(state.noise_key, state.step)
 
     def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> PyTree:
-        """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32."""
-        noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
-                                    self.config.noise_stddev, self.trainable,
-                                    self.noise_layouts, self.noise_flat)
-        return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy)
+        """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32 (BandMF: its
+        correlated noise, `noisy_gradient_and_buffers`)."""
+        return self.noisy_gradient_and_buffers(state, clipped_sum)[0]
+
+    def noisy_gradient_and_buffers(self, state: DPState,
+                                   clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
+        """((clipped_sum + noise) / expected_batch_size, float32; the new `buffers`). The noise:
+        N(0, std^2 I), or BandMF's correlated noise (`noise.add_correlated_noise`)."""
+        if self.config.strategy is None:
+            noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
+                                        self.config.noise_stddev, self.trainable,
+                                        self.noise_layouts, self.noise_flat)
+            buffers = state.buffers
+        else:
+            noisy, buffers = noise_lib.add_correlated_noise(
+                clipped_sum, self.noise_key(state), self.config.noise_stddev,
+                self.config.strategy, state.buffers, self.trainable, self.noise_layouts,
+                self.noise_flat)
+        return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy), buffers
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,
-               clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
-        grads = self.noisy_gradient(state, clipped_sum)
+               clipped_sum: PyTree) -> tuple[PyTree, PyTree, PyTree]:
+        grads, buffers = self.noisy_gradient_and_buffers(state, clipped_sum)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         mask = trees.resolve_trainable_mask(params, self.trainable)
         updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u), updates, mask)
-        return optax.apply_updates(params, updates), opt_state
+        return optax.apply_updates(params, updates), opt_state, buffers
 
     def update(self, state: DPState, params: PyTree, opt_state: PyTree,
                batch: clipping.Batch, mask: jax.Array
@@ -280,21 +314,23 @@ class DPAggregator:
             first_position=state.micro_step * mask.shape[0])
         metrics = dict(metrics, num_nonfinite=nonfinite)
         if self.config.accumulation_steps == 1:
-            params, opt_state = self._apply(state, params, opt_state, grad_sum)
-            return params, opt_state, state.replace(step=state.step + 1), metrics
+            params, opt_state, buffers = self._apply(state, params, opt_state, grad_sum)
+            return params, opt_state, state.replace(step=state.step + 1,
+                                                    buffers=buffers), metrics
 
         acc = jax.tree.map(jnp.add, state.grad_acc, grad_sum)
         is_last = state.micro_step == self.config.accumulation_steps - 1
 
         def apply_branch(operands):
-            p, o, a = operands
-            p, o = self._apply(state, p, o, a)
-            return p, o, jax.tree.map(jnp.zeros_like, a)
+            p, o, a, _ = operands
+            p, o, buffers = self._apply(state, p, o, a)
+            return p, o, jax.tree.map(jnp.zeros_like, a), buffers
 
-        params, opt_state, acc = jax.lax.cond(
-            is_last, apply_branch, lambda operands: operands, (params, opt_state, acc))
+        params, opt_state, acc, buffers = jax.lax.cond(
+            is_last, apply_branch, lambda operands: operands,
+            (params, opt_state, acc, state.buffers))
         state = state.replace(
-            grad_acc=acc,
+            grad_acc=acc, buffers=buffers,
             micro_step=jnp.where(is_last, 0, state.micro_step + 1).astype(jnp.int32),
             step=state.step + is_last.astype(jnp.int32))
         return params, opt_state, state, metrics

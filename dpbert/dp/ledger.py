@@ -39,15 +39,28 @@ from dpbert.dp import accounting, calibration
 _SPEC_FIELDS = tuple(f.name for f in dataclasses.fields(accounting.AccountingSpec))
 
 
+# Fields a DP-SGD spec leaves out of its JSON (at their defaults): its ledger reads as it always
+# has, and an older checkpoint's ledger resumes as the same spec.
+_BANDMF_FIELDS = ("mechanism", "num_bands", "strategy")
+
+
 def spec_to_dict(spec: accounting.AccountingSpec) -> dict[str, Any]:
     """JSON-safe fields of a spec (floats round-trip exactly through json)."""
-    return dataclasses.asdict(spec)
+    out = dataclasses.asdict(spec)
+    if spec.mechanism == "dpsgd":
+        for field in _BANDMF_FIELDS:
+            del out[field]
+    else:
+        out["strategy"] = list(spec.strategy)
+    return out
 
 
 def spec_from_dict(fields: dict[str, Any]) -> accounting.AccountingSpec:
     unknown = set(fields) - set(_SPEC_FIELDS)
     if unknown:
         raise ValueError(f"privacy ledger entry has unknown fields {sorted(unknown)}")
+    if "strategy" in fields:
+        fields = {**fields, "strategy": tuple(fields["strategy"])}
     return accounting.AccountingSpec(**fields)
 
 

@@ -219,3 +219,48 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
                 y, jax.sharding.NamedSharding(lay.mesh, jax.sharding.PartitionSpec()))
         out.append(y)
     return jax.tree.unflatten(treedef, out)
+
+
+def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
+                         strategy: tuple[float, ...], buffers: tuple,
+                         trainable: trees.TrainableFilter = None,
+                         layouts: PyTree | None = None,
+                         flat: bool = False) -> tuple[PyTree, tuple]:
+    """BandMF's noise (`dpbert.dp.bandmf`): clipped_sum + stddev * y_t, float32, and the new
+    buffers.
+
+    y = C^-1 z row by row: y_t = (z_t - sum_{j>=1} c_j y_{t-j}) / c_0, where z_t is the i.i.d.
+    N(0, I) draw that `add_noise` would scale by `stddev` at this key (our generator, our
+    secret key: the same bits) and c = `strategy` (C's first column). `buffers`: (y_{t-1}, ...,
+    y_{t-b+1}), pytrees like `clipped_sum` (zeros before the first step); returned shifted, y_t
+    first. One band ((c_0,) and no buffers) is `add_noise` itself, bit for bit when c_0 = 1.
+
+    `layouts` only spread the i.i.d. draw of one band (`add_noise`); with more bands every
+    device computes its own copy of a replicated leaf's noise (the same values).
+    """
+    if len(buffers) != len(strategy) - 1:
+        raise ValueError(f"a {len(strategy)}-band strategy keeps {len(strategy) - 1} buffers, "
+                         f"got {len(buffers)}")
+    if len(strategy) == 1 and strategy[0] == 1.0:
+        return add_noise(clipped_sum, key, stddev, trainable, layouts, flat), ()
+    for leaf in jax.tree.leaves(clipped_sum):
+        if leaf.dtype != jnp.float32:
+            raise TypeError(f"clipped sum leaf has dtype {leaf.dtype}; noise is added to "
+                            "the float32 sum, with nothing in between")
+    mask = trees.resolve_trainable_mask(clipped_sum, trainable)
+    leaves = jax.tree.leaves(clipped_sum)
+    trained = [leaf for leaf, t in zip(leaves, jax.tree.leaves(mask)) if t]
+    if trained:
+        key = _after(key, min(trained, key=lambda leaf: leaf.size))
+    z = gaussian_noise(clipped_sum, key, 1.0, mask, None, flat)
+    c = [jnp.float32(x) for x in strategy]
+
+    def row(z_leaf, *previous):
+        acc = z_leaf
+        for c_j, y_j in zip(c[1:], previous):
+            acc = acc - c_j * y_j
+        return acc / c[0]
+
+    y = jax.tree.map(row, z, *buffers)
+    noisy = jax.tree.map(lambda x, n: x + stddev * n, clipped_sum, y)
+    return noisy, (y, *buffers[:-1])

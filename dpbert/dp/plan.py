@@ -16,6 +16,10 @@ noise and the privacy event -- built from a config's `dp` and `batch` sections:
     clipping         a registered clipper (`dpbert.dp.clipping.register_clipper`) and the loss
                      shape it needs from the task; per unit, the task's loss is wrapped into
                      the loss of one unit (`dpbert.dp.units`), so any clipper clips per unit
+    mechanism        dp.mechanism: "dpsgd" (i.i.d. noise) or "bandmf" (`dpbert.dp.bandmf`: noise
+                     correlated by a banded strategy optimized for train.num_steps, cyclic
+                     Poisson sampling of dp.num_bands groups; the strategy is in the spec, so a
+                     resume keeps it, and a resume that changes the mechanism is refused)
     noise            sigma (given, or calibrated once from dp.target_epsilon and then read from
                      the ledger on every resume), C, global or per-shard noise. sigma lives in
                      ONE place, the ledger's current `AccountingSpec` (`DPPlan.spec`): the plan
@@ -39,7 +43,7 @@ import ml_collections
 from absl import logging
 
 from dpbert.core import units as privacy_units
-from dpbert.dp import accountants, accounting, calibration, noise_modes, sampling
+from dpbert.dp import accountants, accounting, bandmf, calibration, noise_modes, sampling
 from dpbert.dp import ledger as ledger_lib
 from dpbert.errors import ConfigError, need
 
@@ -102,6 +106,16 @@ class DPPlan:
         return "global" if self.spec is None else self.spec.noise_mode
 
     @property
+    def mechanism(self) -> str:
+        """"dpsgd" or "bandmf" (the spec's; "dpsgd" without DP)."""
+        return "dpsgd" if self.spec is None else self.spec.mechanism
+
+    @property
+    def strategy(self) -> tuple[float, ...] | None:
+        """BandMF's Toeplitz coefficients (None: i.i.d. noise)."""
+        return self.spec.strategy if self.mechanism == "bandmf" else None
+
+    @property
     def loss_shape(self) -> str:
         """What the clipper needs from the task's loss (`clipping.LOSS_SHAPES`)."""
         from dpbert.dp import clipping  # noqa: PLC0415  (JAX; host-only users skip it)
@@ -125,7 +139,7 @@ class DPPlan:
             clip_norm=self.clip_norm, noise_multiplier=self.noise_multiplier,
             expected_batch_size=self.expected_batch_size, microbatch_size=self.microbatch_size,
             accumulation_steps=self.calls_per_batch, noise_mode=self.noise_mode,
-            num_shards=self.num_shards)
+            num_shards=self.num_shards, strategy=self.strategy)
         clipper = clipping.get_clipper(self.clipping).make(
             self.clip_norm, self.microbatch_size, self.num_shards, trainable)
         if self.per_unit:
@@ -199,6 +213,15 @@ def validate(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict) ->
     d(0 < dp.overflow_probability < 1, "overflow_probability", "must be in (0, 1)")
     d(isinstance(dp.insecure_seeded_noise, bool), "insecure_seeded_noise",
       "must be True or False")
+    mechanism = dp.get("mechanism", "dpsgd")
+    d(mechanism in bandmf.MECHANISMS, "mechanism",
+      f"must be one of {bandmf.MECHANISMS} (i.i.d. noise; banded matrix factorization)")
+    if mechanism == "bandmf":
+        bands = dp.get("num_bands")
+        d(isinstance(bands, int) and not isinstance(bands, bool) and bands >= 1, "num_bands",
+          "must be an integer >= 1 (BandMF's bands b: 1 is DP-SGD)")
+        d(dp.sampling == "poisson", "sampling",
+          "dp.mechanism='bandmf' samples by cyclic Poisson: set dp.sampling='poisson'")
 
 
 def counted(privacy_unit: str, per_unit: bool) -> str:
@@ -255,20 +278,31 @@ def make_plan(dp: ml_collections.ConfigDict, batch: ml_collections.ConfigDict, *
                       num_steps, None, sampler, None)
     if dp.delta >= 1.0 / num_examples:
         raise ConfigError(f"config.dp.delta={dp.delta} must be {delta_bound(num_examples, what)}")
-    calls = _calls_per_batch(dp, b, num_examples)
+    mechanism = dp.get("mechanism", "dpsgd")
+    bands = dp.num_bands if mechanism == "bandmf" else 1
+    if bands > 1 and num_examples // bands < b.expected_batch_size:
+        raise ConfigError(
+            f"config.dp.num_bands={bands}: each of the {bands} groups of BandMF's cyclic "
+            f"sampling holds {num_examples // bands} of the {num_examples} {what}, fewer than "
+            f"batch.expected_batch_size={b.expected_batch_size}; use fewer bands or a smaller "
+            "batch")
+    calls = _calls_per_batch(dp, b, num_examples // bands)
     if per_unit:
         sampler = sampling.UnitPoissonSampler(
             unit_ids, b.expected_batch_size, b.physical_batch_size, calls,
-            dp.max_examples_per_unit, seed=sampler_seed)
+            dp.max_examples_per_unit, seed=sampler_seed, num_bands=bands)
     else:
         sampler = sampling.make_sampler(dp.sampling, num_examples=num_examples,
                                         expected_batch_size=b.expected_batch_size,
                                         physical_batch_size=b.physical_batch_size,
-                                        calls_per_batch=calls, seed=sampler_seed)
-    # The accounted mechanism is read off the sampler (sampling, N, q, truncation size).
+                                        calls_per_batch=calls, seed=sampler_seed,
+                                        num_bands=bands)
+    # The accounted mechanism is read off the sampler (sampling, N, q, truncation size, groups).
     spec = accounting.AccountingSpec.from_sampler(
         sampler, noise_multiplier=dp.noise_multiplier or 1.0, delta=dp.delta,
-        noise_mode=dp.noise_mode, num_shards=num_shards, accountant=dp.accountant)
+        noise_mode=dp.noise_mode, num_shards=num_shards, accountant=dp.accountant,
+        mechanism=mechanism,
+        strategy=_strategy(bands, num_steps, saved_ledger) if mechanism == "bandmf" else ())
     inherited = tuple(inherited)
     if dp.noise_multiplier is None:
         spec = spec.replace(noise_multiplier=_noise_multiplier(dp, spec, num_steps,
@@ -290,6 +324,20 @@ def from_config(config: ml_collections.ConfigDict, num_examples: int, num_shards
     return make_plan(config.dp, config.batch, num_steps=config.train.num_steps,
                      num_examples=num_examples, num_shards=num_shards, sampler_seed=seed,
                      **kwargs)
+
+
+def _strategy(bands: int, num_steps: int, saved_ledger: list | None) -> tuple[float, ...]:
+    """BandMF's strategy: the checkpoint's (a resumed run keeps its noise's correlation even if
+    train.num_steps changed), else optimized for train.num_steps (`bandmf.strategy`)."""
+    saved = saved_ledger[-1]["spec"] if saved_ledger else {}
+    if saved.get("mechanism") == "bandmf" and saved.get("num_bands") == bands:
+        return tuple(saved["strategy"])
+    if bands > num_steps:
+        raise ConfigError(f"config.dp.num_bands={bands} exceeds train.num_steps={num_steps} "
+                          "(BandMF's strategy is optimized for the run's steps)")
+    logging.info("optimizing the %d-band BandMF strategy for %d steps (jax-privacy)", bands,
+                 num_steps)
+    return bandmf.strategy(num_steps, bands)
 
 
 def _calls_per_batch(dp, b, num_examples: int) -> int:
@@ -335,6 +383,19 @@ def _ledger(spec: accounting.AccountingSpec, saved_ledger: list | None,
     if not saved_ledger:
         return ledger_lib.PrivacyLedger.fresh(spec, inherited)
     ledger, in_segment = ledger_lib.PrivacyLedger.resume(saved_ledger, spec, inherited)
+    if ledger.closed and "bandmf" in {
+            spec.mechanism, *(s.spec.mechanism for s in ledger.closed)}:
+        # BandMF's noise is one correlated stream with one sigma and strategy, and its rounds
+        # are counted from the run's first step: a second segment is not BandMF's event.
+        saved = ledger_lib.spec_from_dict(saved_ledger[-1]["spec"])
+        raise ConfigError(
+            f"the checkpoint's privacy mechanism ({saved.mechanism}, {saved.num_bands} band(s), "
+            f"noise multiplier {saved.noise_multiplier:.6g}, noise mode {saved.noise_mode} on "
+            f"{saved.num_shards} shard(s)) differs from this run's ({spec.mechanism}, "
+            f"{spec.num_bands} band(s), {spec.noise_multiplier:.6g}, {spec.noise_mode} on "
+            f"{spec.num_shards}): a BandMF run resumes only under the same mechanism (its "
+            "correlated noise cannot be split into segments). Restore the config (and device "
+            "count), or use a fresh --workdir")
     if ledger.closed_steps + in_segment != start_step:
         raise ConfigError(f"the checkpoint's privacy ledger covers "
                           f"{ledger.closed_steps + in_segment} steps but the checkpoint is at "

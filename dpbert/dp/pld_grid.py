@@ -68,9 +68,10 @@ def accountant_equivalent_epsilon(single: pld_lib.PrivacyLossDistribution, steps
 
 def pld_discretization_for(spec, steps: int,
                            discretization: float = DEFAULT_PLD_DISCRETIZATION) -> float:
-    """The PLD grid used for `steps` steps of `spec`: `discretization`, or a coarser one
-    (x 2^k) where the default grid would explode (see "Bounded PLD grids")."""
-    return bounded_discretization(spec.effective_noise_multiplier, spec.q, spec.num_examples,
+    """The PLD grid used for `steps` compositions of one step of `spec` (BandMF: its rounds,
+    `AccountingSpec.rounds`): `discretization`, or a coarser one (x 2^k) where the default grid
+    would explode (see "Bounded PLD grids")."""
+    return bounded_discretization(spec.effective_noise_multiplier, spec.q, spec.group_size,
                                    spec.max_batch_size, steps, discretization)
 
 

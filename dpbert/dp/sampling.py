@@ -141,19 +141,32 @@ class PoissonSampler(_Sampler):
       physical_batch_size: slots per jitted call (global, all devices).
       calls_per_batch: jitted calls per logical batch (gradient accumulation).
       seed: sampler seed; logical batch t uses np.random.default_rng([seed, t]).
+      num_bands: b > 1: CYCLIC Poisson sampling (BandMF, `dpbert.dp.bandmf`): the units are
+        split once into b groups of floor(N / b) (a permutation from default_rng([seed,
+        "groups"]); the N mod b left over are never sampled), and logical batch t is Poisson
+        sampled from group t mod b with q = expected_batch_size / floor(N / b), so a unit takes
+        part at most once in any b consecutive steps (b-min-separation). This is jax-privacy's
+        `CyclicPoissonSampling` with `PartitionType.EQUAL_SPLIT`, random access. b = 1 is the
+        plain Poisson sampling above, bit for bit.
     """
 
     sampling = "poisson"
+    _GROUP_STREAM = 0x6772  # "gr": the partition's own stream of the secret seed
 
     def __init__(self, num_examples: int, expected_batch_size: float,
-                 physical_batch_size: int, calls_per_batch: int = 1, seed: int = 0):
+                 physical_batch_size: int, calls_per_batch: int = 1, seed: int = 0,
+                 num_bands: int = 1):
         super().__init__(num_examples, physical_batch_size, calls_per_batch, seed)
-        q = float(expected_batch_size) / self.num_examples
+        self.num_bands = check_int("num_bands", num_bands, minimum=1)
+        self.group_size = self.num_examples // self.num_bands
+        q = float(expected_batch_size) / self.group_size if self.group_size else math.inf
         if not 0 < q <= 1:
             raise ValueError(f"expected_batch_size={expected_batch_size} must be in "
-                             f"(0, num_examples={num_examples}]")
+                             f"(0, num_examples={num_examples}"
+                             + (f" // num_bands={num_bands}]" if num_bands > 1 else "]"))
         self.expected_batch_size = float(expected_batch_size)
         self.q = q
+        self._groups: np.ndarray | None = None
         if self.max_batch_size < expected_batch_size:
             raise ValueError(
                 f"calls_per_batch * physical_batch_size = {self.max_batch_size} is below "
@@ -161,17 +174,30 @@ class PoissonSampler(_Sampler):
 
     @property
     def truncation_probability(self) -> float:
-        """P[a logical batch is truncated] = P[Binomial(N, q) > max_batch_size]."""
-        return float(stats.binom.sf(self.max_batch_size, self.num_examples, self.q))
+        """P[a logical batch is truncated] = P[Binomial(N // b, q) > max_batch_size]."""
+        return float(stats.binom.sf(self.max_batch_size, self.group_size, self.q))
+
+    def group(self, step: int) -> np.ndarray | None:
+        """int64 [N // b]: the units step `step` samples from (None: all N, b = 1)."""
+        if self.num_bands == 1:
+            return None
+        if self._groups is None:
+            perm = np.random.default_rng([self.seed, self._GROUP_STREAM]).permutation(
+                self.num_examples).astype(np.int64)
+            self._groups = perm[:self.group_size * self.num_bands].reshape(
+                self.num_bands, self.group_size)
+        return self._groups[step % self.num_bands]
 
     def logical_batch(self, step: int) -> np.ndarray:
         rng = np.random.default_rng([self.seed, check_int("step", step, minimum=0)])
-        size = rng.binomial(self.num_examples, self.q)
+        size = rng.binomial(self.group_size, self.q)
         # Given its size, a Poisson sample is a uniform subset; a uniform subset of
         # min(size, max) elements is exactly "Poisson, then keep a uniformly random
         # subset of max_batch_size" (the accounted truncation).
         size = min(size, self.max_batch_size)
-        return rng.choice(self.num_examples, size=size, replace=False).astype(np.int64)
+        chosen = rng.choice(self.group_size, size=size, replace=False).astype(np.int64)
+        group = self.group(step)
+        return chosen if group is None else group[chosen]
 
 
 class UnitPoissonSampler(PoissonSampler):
@@ -192,7 +218,7 @@ class UnitPoissonSampler(PoissonSampler):
 
     def __init__(self, unit_ids: np.ndarray, expected_batch_size: float,
                  physical_batch_size: int, calls_per_batch: int = 1,
-                 max_examples_per_unit: int = 1, seed: int = 0):
+                 max_examples_per_unit: int = 1, seed: int = 0, num_bands: int = 1):
         unit_ids = np.asarray(unit_ids)
         if unit_ids.ndim != 1 or not unit_ids.size or not np.issubdtype(unit_ids.dtype,
                                                                          np.integer):
@@ -205,7 +231,7 @@ class UnitPoissonSampler(PoissonSampler):
             raise ValueError(f"unit_ids must number the units 0..U-1 without gaps; unit "
                              f"{int(np.flatnonzero(counts == 0)[0])} has no example")
         super().__init__(len(counts), expected_batch_size, physical_batch_size,
-                         calls_per_batch, seed)
+                         calls_per_batch, seed, num_bands)
         self.max_examples_per_unit = check_int("max_examples_per_unit", max_examples_per_unit,
                                                minimum=1)
         self.num_units = self.num_examples  # what the accountant counts
@@ -274,11 +300,14 @@ class ShuffleSampler(_Sampler):
 
 def make_sampler(sampling: str, *, num_examples: int, expected_batch_size: float,
                  physical_batch_size: int, calls_per_batch: int = 1,
-                 seed: int = 0) -> _Sampler:
-    """Builds the sampler named by `sampling` ("poisson" | "shuffle")."""
+                 seed: int = 0, num_bands: int = 1) -> _Sampler:
+    """Builds the sampler named by `sampling` ("poisson" | "shuffle"); `num_bands` > 1: cyclic
+    Poisson (`PoissonSampler`)."""
     if sampling == "poisson":
         return PoissonSampler(num_examples, expected_batch_size, physical_batch_size,
-                              calls_per_batch, seed)
+                              calls_per_batch, seed, num_bands)
+    if num_bands != 1:
+        raise ValueError(f"num_bands={num_bands} needs sampling='poisson' (cyclic Poisson)")
     if sampling == "shuffle":
         if not math.isclose(expected_batch_size, physical_batch_size * calls_per_batch):
             raise ValueError(

@@ -77,10 +77,18 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
         inherited = (f" (composed with the starting model's DP-SGD on data that may overlap; "
                      f"this run alone: {fmt_eps(t['this_run_epsilon'])})"
                      if t.get("inherited_segments") else "")
+        mechanism, sampling = "DP-SGD", t["sampling"]
+        if t.get("mechanism") == "bandmf":  # dpbert.dp.bandmf
+            mechanism = (f"BandMF, {t['num_bands']} band(s), jax-privacy's banded strategy "
+                         f"{[round(c, 4) for c in t['strategy']]} with {t['num_bands'] - 1} "
+                         "noise buffer(s) kept only in the private checkpoints")
+            sampling = f"cyclic {sampling} ({t['num_bands']} groups of {t['group_size']})"
         lines += [
-            f"- Training (DP-SGD): ({fmt_eps(t['epsilon'])}, {t['delta']:.3g}){inherited}, "
-            f"`{t['accountant']}` accountant of `dp_accounting`, "
-            f"{t['sampling']} sampling{per_unit}, noise multiplier {t['noise_multiplier']:.4g}, "
+            f"- Training ({mechanism}): ({fmt_eps(t['epsilon'])}, {t['delta']:.3g}){inherited}, "
+            f"`{t['accountant']}` accountant of `dp_accounting`"
+            + (" on jax-privacy's amplified BandMF event" if t.get("mechanism") == "bandmf"
+               else "")
+            + f", {sampling} sampling{per_unit}, noise multiplier {t['noise_multiplier']:.4g}, "
             f"clip norm {t['clip_norm']}, {t['steps']} steps; {t['randomness']}"]
     v = report.get("vocabulary") or {}
     if v.get("read_private_data"):

@@ -250,6 +250,20 @@ def public_vocabulary_part(part: Mapping[str, Any]) -> dict[str, Any]:
 def _sampling_sentence(spec: accounting.AccountingSpec, unit: privacy_units.PrivacyUnit) -> str:
     if spec.sampling == "shuffle":
         return SHUFFLE_NOTE
+    if spec.mechanism == "bandmf":  # dpbert.dp.bandmf
+        b, left = spec.num_bands, spec.num_examples % spec.num_bands
+        return (f"BandMF (jax-privacy's banded matrix factorization, {b} band(s), strategy "
+                f"{[round(c, 4) for c in spec.strategy]}): each step's noise is correlated with "
+                f"the previous {b - 1} steps' (the buffers, kept only in the private "
+                f"checkpoints); cyclic Poisson sampling: the {unit.name}s are split into {b} "
+                f"groups of {spec.group_size}" + (f" ({left} never sampled)" if left else "")
+                + f" and step t samples group t mod {b}, so a {unit.name} takes part at most "
+                f"once in any {b} consecutive steps. Epsilon is an upper bound from "
+                f"dp_accounting ({spec.accountant.upper()} accountant) for jax-privacy's "
+                f"amplified BandMF event (ceil(steps / {b}) rounds of the subsampled Gaussian "
+                f"of one group); neighbouring: one {unit.name} replaced by a null one "
+                "(zero-out, jax-privacy's relation for BandMF; dp_accounting gives these events "
+                "the same epsilon under add-or-remove).")
     return ("Poisson sampling; epsilon is an upper bound from dp_accounting "
             f"({spec.accountant.upper()} accountant, add-or-remove-one neighbouring "
             f"{unit.name}s).")

@@ -81,9 +81,13 @@ def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def run_signature(config_dict: Mapping[str, Any],
                   ignore: Iterable[str] = RESUMABLE_FIELDS) -> dict[str, Any]:
-    """The flattened config minus the fields a resumed run may change (JSON-normalised)."""
+    """The flattened config minus the fields a resumed run may change (JSON-normalised).
+    With dp.mechanism="dpsgd" (the default) BandMF's fields are left out as well, so that a
+    checkpoint written before they existed still resumes."""
     ignored = set(ignore)
     flat = flatten_config(config_dict)
+    if flat.get("dp.mechanism", "dpsgd") == "dpsgd":
+        ignored |= {"dp.mechanism", "dp.num_bands"}
     return json.loads(json.dumps({k: v for k, v in flat.items() if k not in ignored},
                                  default=str))
 

@@ -241,6 +241,20 @@ def test_dp_sgd_fine_tuning_has_its_own_epsilon_per_example(toy, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["dp"]["clipping"] == "mixed_ghost"
 
 
+@pytest.mark.slow
+def test_bandmf_fine_tuning_reports_its_mechanism(toy, tmp_path):
+    """dp.mechanism="bandmf" runs on the fine-tuning loop too (`dpbert.dp.bandmf`)."""
+    finetuning.finetune(classification.ClassificationTask(), config(toy, **{
+        "dp.enabled": True, "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
+        "dp.delta": 1e-3, "dp.overflow_probability": 1e-3, "batch.physical_batch_size": 32,
+        "batch.microbatch_size": 16, "train.epochs": 1.0, "dp.mechanism": "bandmf",
+        "dp.num_bands": 2}), tmp_path)
+    training = json.loads((tmp_path / "privacy_report.json").read_text())["training"]
+    assert training["mechanism"] == "bandmf" and training["num_bands"] == 2
+    assert training["group_size"] == 128 and training["rounds"] == -(-training["steps"] // 2)
+    assert 0 < training["epsilon"] < math.inf and "BandMF" in training["note"]
+
+
 def dp_export(toy, folder, *, sigma=2.0, steps=10):
     """A copy of the toy checkpoint carrying the public report of a DP pretraining run (N=500
     sequences, expected batch 16): what a dpbert export of such a run holds."""
