@@ -131,6 +131,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Eq. 5), "prob" (soft target over dchi.prob_samples privatized draws, Eq. 6) or
     # "denoising" (predict the original token, Eq. 7). Without dχ all three are plain BERT MLM.
     c.mlm_target = "vanilla"
+    # A public sentence with one [MASK]: the end of the run prints the exported model's top 5
+    # fill-ins for it (post-processing: no privacy cost). "" = none.
+    c.fill_mask = ""
     # dχ's η and its search knob: `dchi_section` (shared with fine-tuning's `privacy`).
     c.dchi = dchi_section(eta=100.0)
     # dχ privatization of every input token on the fly, on the training devices: "none",
@@ -428,7 +431,7 @@ def finetune_config() -> ml_collections.ConfigDict:
     defaults for one CPU. Fields that differ from `get_config()` are commented here."""
     c = get_config()
     # Pretraining only: the corpus pipeline, the DP vocabulary builder, privacy-adaptive MLM.
-    del c.dchi, c.mlm_target
+    del c.dchi, c.mlm_target, c.fill_mask
     del c.model.size, c.model.max_position_embeddings  # the checkpoint's config.json decides
     # The checkpoint to fine-tune (required): a Hugging Face BERT folder (BertModel such as
     # MiniLM, dpbert's pretraining export, or a fine-tuned BertFor*Classification).

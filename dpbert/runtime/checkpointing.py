@@ -31,7 +31,9 @@ RESUMABLE_FIELDS = (
     "train.num_steps", "train.log_every", "train.eval_every", "train.eval_batches",
     "checkpoint.every_steps", "checkpoint.max_to_keep", "checkpoint.async_save",
     "train.export_hf", "dp.target_epsilon", "dp.total_epsilon", "train.prefix_cache_dir",
-    "runtime.compilation_cache_dir", "data.preflight",
+    "runtime.compilation_cache_dir", "data.preflight", "fill_mask",
+    # Used at step 0 only (a resumed run takes the checkpoint's values).
+    "model.position_init",
 )
 
 

@@ -110,6 +110,14 @@ class PretrainingTask:
             pretraining_data.check_config(data, config.dp.privacy_unit)
         except ValueError as e:
             raise ConfigError(f"config.{e}") from None
+        position_init = config.model.get("position_init", "normal")
+        need(position_init in ("normal", "sinusoidal"), "model.position_init", position_init,
+             "must be 'normal' or 'sinusoidal'")
+        need(position_init == "normal" or not config.model.init_from_hf, "model.position_init",
+             position_init, "sets the position table of a model trained from scratch; with "
+             "model.init_from_hf the checkpoint's table is used")
+        need(not config.get("fill_mask") or config.fill_mask.count("[MASK]") == 1,
+             "fill_mask", config.get("fill_mask"), "needs exactly one [MASK]")
         need(config.model.max_position_embeddings >= config.data.max_seq_length,
              "model.max_position_embeddings", config.model.max_position_embeddings,
              f"must be >= data.max_seq_length ({config.data.max_seq_length})")
@@ -210,6 +218,7 @@ class PretrainingTask:
                 "do_lower_case": data.extra["do_lower_case"],
                 "max_seq_length": data.max_seq_length,
                 "init_from_hf": config.model.init_from_hf or None,
+                "fill_mask": config.get("fill_mask") or None,
                 # Into the run's report, so the export's card and report keep them.
                 "report_fields": _adaptive_fields(config)}
 
@@ -222,11 +231,39 @@ class PretrainingTask:
         config = model_lib.BertConfig(**run["model_config"])
         graphdef, _ = nnx.split(nnx.eval_shape(
             lambda: model_lib.BertForPreTraining(config, rngs=nnx.Rngs(0))))
-        return hf_export.save_pretrained(nnx.merge(graphdef, params), out, vocab,
-                                         do_lower_case=run["do_lower_case"],
-                                         model_max_length=run["max_seq_length"],
-                                         privacy_report=report,
-                                         source=run.get("init_from_hf"))
+        model = nnx.merge(graphdef, params)
+        saved = hf_export.save_pretrained(model, out, vocab,
+                                          do_lower_case=run["do_lower_case"],
+                                          model_max_length=run["max_seq_length"],
+                                          privacy_report=report,
+                                          source=run.get("init_from_hf"))
+        if run.get("fill_mask"):
+            guesses = fill_mask(model, tokenization.WordPieceTokenizer(
+                vocab, do_lower_case=run["do_lower_case"]), run["fill_mask"])
+            hosts.announce(f"fill-in: {run['fill_mask']!r} -> " + " | ".join(
+                f"{token} {p:.2f}" for token, p in guesses))
+        return saved
+
+
+def fill_mask(model: model_lib.BertForPreTraining, tokenizer: tokenization.WordPieceTokenizer,
+              text: str, top_k: int = 5) -> list[tuple[str, float]]:
+    """The model's top_k tokens (with their probabilities) for the one [MASK] of `text`, a
+    public sentence (config.fill_mask): [CLS] text [SEP], no dropout. Post-processing of the
+    trained model, so it costs no privacy."""
+    ids = tokenizer.encode(text)
+    where = np.flatnonzero(ids == tokenizer.special.mask)
+    if len(where) != 1:
+        raise ConfigError(f"config.fill_mask={text!r}: needs exactly one [MASK] token")
+    sp = tokenizer.special
+    ids = np.concatenate([[sp.cls], ids, [sp.sep]]).astype(np.int32)[None]
+    if ids.shape[1] > model.config.max_position_embeddings:
+        raise ConfigError(f"config.fill_mask={text!r}: longer than the model's "
+                          f"{model.config.max_position_embeddings} positions")
+    out = model(jnp.asarray(ids), jnp.zeros_like(ids), jnp.ones_like(ids),
+                jnp.asarray([[where[0] + 1]], jnp.int32), deterministic=True)
+    probs = np.asarray(jax.nn.softmax(out.mlm_logits[0, 0].astype(jnp.float32)))
+    top = np.argsort(-probs, kind="stable")[:top_k]
+    return [(tokenizer.vocab[i], float(probs[i])) for i in top]
 
 
 def _adaptive_fields(config) -> dict:
