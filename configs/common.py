@@ -90,11 +90,6 @@ def get_config() -> ml_collections.ConfigDict:
     # DP, it voids this run's claim), "disjoint" (none of this run's records: its guarantee is
     # listed apart) or "public" (public data). A model without a dpbert report counts as public.
     c.model.init_data = "same"
-    # Initial values of the position table of a model trained from scratch: "normal" (BERT's
-    # N(0, initializer_range)) or "sinusoidal" (Vaswani et al.'s sinusoids at the same scale:
-    # neighbouring positions start alike, which a short DP run cannot learn from noise).
-    # Public either way; the table stays trainable and the export is a plain BERT.
-    c.model.position_init = "normal"
 
     # ---------------------------------------------------------------------------------- vocab
     c.vocab = ml_collections.ConfigDict()

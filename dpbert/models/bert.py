@@ -488,20 +488,5 @@ def create_model(config: BertConfig, seed: int = 0) -> BertForPreTraining:
     return BertForPreTraining(config, rngs=nnx.Rngs(params=seed))
 
 
-def init_sinusoidal_positions(model: "BertForPreTraining") -> None:
-    """Sets the (still trainable) position table to the sinusoids of Vaswani et al. 2017,
-    scaled to the normal init's standard deviation (``initializer_range``): a public,
-    data-free start in which nearby positions already look alike, so attention to the
-    neighbouring tokens need not be learned from noise. Only the initial values change."""
-    table = model.bert.embeddings.position_embeddings.embedding
-    num, dim = table.shape
-    pos = jnp.arange(num, dtype=jnp.float32)[:, None]
-    freq = jnp.exp(-math.log(10000.0) * jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
-    angles = pos * freq                                    # [num, ceil(dim / 2)]
-    values = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(num, -1)[:, :dim]
-    scale = model.config.initializer_range * math.sqrt(2.0)  # sin / cos have variance 1/2
-    table.set_value((values * scale).astype(table.get_value().dtype))
-
-
 def count_params(model: nnx.Module) -> int:
     return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

@@ -32,8 +32,6 @@ RESUMABLE_FIELDS = (
     "checkpoint.every_steps", "checkpoint.max_to_keep", "checkpoint.async_save",
     "train.export_hf", "dp.target_epsilon", "dp.total_epsilon", "train.prefix_cache_dir",
     "runtime.compilation_cache_dir", "data.preflight", "fill_mask",
-    # Used at step 0 only (a resumed run takes the checkpoint's values).
-    "model.position_init",
 )
 
 

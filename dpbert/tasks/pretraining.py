@@ -110,12 +110,6 @@ class PretrainingTask:
             pretraining_data.check_config(data, config.dp.privacy_unit)
         except ValueError as e:
             raise ConfigError(f"config.{e}") from None
-        position_init = config.model.get("position_init", "normal")
-        need(position_init in ("normal", "sinusoidal"), "model.position_init", position_init,
-             "must be 'normal' or 'sinusoidal'")
-        need(position_init == "normal" or not config.model.init_from_hf, "model.position_init",
-             position_init, "sets the position table of a model trained from scratch; with "
-             "model.init_from_hf the checkpoint's table is used")
         need(not config.get("fill_mask") or config.fill_mask.count("[MASK]") == 1,
              "fill_mask", config.get("fill_mask"), "needs exactly one [MASK]")
         need(config.model.max_position_embeddings >= config.data.max_seq_length,
@@ -427,7 +421,4 @@ def build_model(config: ml_collections.ConfigDict, vocab_size: int
         attention_probs_dropout_prob=m.attention_probs_dropout_prob,
         max_position_embeddings=m.max_position_embeddings)
     logging.info("model: BERT %s, vocabulary %d", m.size, vocab_size)
-    model = model_lib.create_model(cfg, seed=config.seed)
-    if m.get("position_init", "normal") == "sinusoidal":
-        model_lib.init_sinusoidal_positions(model)
-    return model
+    return model_lib.create_model(cfg, seed=config.seed)

@@ -1,13 +1,9 @@
-"""The run's closing fill-in (config.fill_mask) and the sinusoidal start of the position table
-(config.model.position_init): what the demo shows a newcomer at the end of a run."""
-
-import math
+"""The run's closing fill-in (config.fill_mask): what the demo shows a newcomer at the end."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from configs import common
 from data_pipelines import tokenization
@@ -53,36 +49,8 @@ def test_fill_mask_longer_than_the_positions_is_refused(model, tokenizer):
         pretraining.fill_mask(model, tokenizer, "pain " * 40 + "[MASK] .")
 
 
-def test_config_checks_fill_mask_and_position_init():
+def test_config_checks_fill_mask():
     c = common.get_config()
     c.fill_mask = "two [MASK] [MASK]"
     with pytest.raises(ConfigError, match="fill_mask"):
         pretraining.PretrainingTask().validate(c)
-    c = common.get_config()
-    c.model.position_init = "rotary"
-    with pytest.raises(ConfigError, match="model.position_init"):
-        pretraining.PretrainingTask().validate(c)
-    c.model.position_init = "sinusoidal"
-    c.model.init_from_hf = "/some/bert"
-    with pytest.raises(ConfigError, match="model.position_init"):
-        pretraining.PretrainingTask().validate(c)
-
-
-def test_sinusoidal_positions():
-    cfg = model_lib.BertConfig.preset("tiny", 64, max_position_embeddings=16)
-    model = model_lib.create_model(cfg, seed=0)
-    before = jax.tree.map(np.array, nnx.state(model, nnx.Param))
-    model_lib.init_sinusoidal_positions(model)
-    table = np.asarray(model.bert.embeddings.position_embeddings.embedding[...])
-    scale = cfg.initializer_range * math.sqrt(2.0)
-    for p in (0, 5, 15):
-        for i in (0, 10, 64):  # sin at even columns, cos at the odd column after it
-            angle = p / 10000.0 ** (i / cfg.hidden_size)
-            np.testing.assert_allclose(table[p, i], scale * math.sin(angle), atol=1e-6)
-            np.testing.assert_allclose(table[p, i + 1], scale * math.cos(angle), atol=1e-6)
-    # Nothing else changed, and the table stays a trainable parameter.
-    after = nnx.state(model, nnx.Param)
-    changed = [k for k, a, b in zip(
-        jax.tree.leaves_with_path(before), jax.tree.leaves(before), jax.tree.leaves(after))
-        if not np.array_equal(a, b)]
-    assert len(changed) == 1 and "position_embeddings" in jax.tree_util.keystr(changed[0][0])
