@@ -51,6 +51,8 @@ SMALL = {
     # noise/sampling from config.seed (NOT private). The secret path is what the demo and
     # test_secret_* tests run.
     "vocab.seed": 0, "dp.insecure_seeded_noise": True,
+    # The demo trains without dropout; these tests check the dropout keys' handling.
+    "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
 }
 SECRET = {"vocab.seed": None, "dp.insecure_seeded_noise": False}
 
@@ -128,9 +130,14 @@ def cli_train_args(workdir, cache_dir, extra=()):
 
 
 @pytest.mark.slow
-def test_demo_config_end_to_end(cache_dir, tmp_path):
+def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
     report = train.train_and_evaluate(small_config(cache_dir, **SECRET), workdir)
+    # The closing fill-in of the demo's sentence, from the exported model, then the summary.
+    out = capsys.readouterr().out.splitlines()
+    fill = [l for l in out if l.startswith("fill-in: 'the patient was admitted with [MASK]")]
+    assert len(fill) == 1 and fill[0].count(" | ") == 4, out[-5:]
+    assert out[-1].startswith("done: 4 steps")
     saved = json.loads((workdir / "privacy_report.json").read_text())
     training = saved["training"]
     for field in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
