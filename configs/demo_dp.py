@@ -36,7 +36,7 @@ def get_config(arg: str | None = None):
     # 2.0 in 23 steps: at q = 0.0007 the privacy loss grows steeply below sigma 0.55).
     c.dp.target_epsilon = 2.0
     c.dp.delta = 1e-6  # < 1 / N
-    # Poisson batches of expected size 256 (N is about 357k sequences) fit 320 slots except with
+    # Poisson batches of expected size 256 (N is about 363k sequences) fit 320 slots except with
     # probability < 1e-6 per step (a truncation that the accountant includes anyway), so one
     # jitted call per logical batch.
     c.dp.overflow_probability = 1e-6

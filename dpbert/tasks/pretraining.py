@@ -122,6 +122,10 @@ class PretrainingTask:
         data_config = prepare_corpus(config, workdir)
         preflight.check(config, data_config, workdir)  # data.preflight: before anything is built
         vocab_file, vocab_report, origin = prepare_vocab(config, data_config, workdir)
+        if config.get("fill_mask"):  # before any training: it tokenizes with this vocabulary
+            fill_mask_ids(tokenization.WordPieceTokenizer(
+                vocab_file, do_lower_case=data_config.do_lower_case), config.fill_mask,
+                data_config.max_seq_length)
         vocab_file = keep_vocab_in_workdir(vocab_file, workdir)
         unit = config.dp.privacy_unit
         train_ds, eval_ds = pretraining_data.build_datasets(data_config, vocab_file, unit)
@@ -231,12 +235,31 @@ class PretrainingTask:
                                           model_max_length=run["max_seq_length"],
                                           privacy_report=report,
                                           source=run.get("init_from_hf"))
-        if run.get("fill_mask"):
-            guesses = fill_mask(model, tokenization.WordPieceTokenizer(
-                vocab, do_lower_case=run["do_lower_case"]), run["fill_mask"])
-            hosts.announce(f"fill-in: {run['fill_mask']!r} -> " + " | ".join(
-                f"{token} {p:.2f}" for token, p in guesses))
+        if run.get("fill_mask"):  # checked in `prepare`; never fails a finished export
+            try:
+                guesses = fill_mask(model, tokenization.WordPieceTokenizer(
+                    vocab, do_lower_case=run["do_lower_case"]), run["fill_mask"])
+                hosts.announce(f"fill-in: {run['fill_mask']!r} -> " + " | ".join(
+                    f"{token} {p:.2f}" for token, p in guesses))
+            except ConfigError as e:
+                logging.warning("no fill-in: %s", e)
         return saved
+
+
+def fill_mask_ids(tokenizer: tokenization.WordPieceTokenizer, text: str,
+                  max_length: int) -> tuple[np.ndarray, int]:
+    """[CLS] text [SEP] as ids [1, n] and the position of its one [MASK]; a ConfigError when
+    there is not exactly one [MASK] or the n tokens exceed max_length."""
+    ids = tokenizer.encode(text)
+    where = np.flatnonzero(ids == tokenizer.special.mask)
+    if len(where) != 1:
+        raise ConfigError(f"config.fill_mask={text!r}: needs exactly one [MASK] token")
+    sp = tokenizer.special
+    ids = np.concatenate([[sp.cls], ids, [sp.sep]]).astype(np.int32)[None]
+    if ids.shape[1] > max_length:
+        raise ConfigError(f"config.fill_mask={text!r}: {ids.shape[1]} tokens with this "
+                          f"vocabulary, longer than the {max_length} the run's sequences have")
+    return ids, int(where[0]) + 1
 
 
 def fill_mask(model: model_lib.BertForPreTraining, tokenizer: tokenization.WordPieceTokenizer,
@@ -244,17 +267,9 @@ def fill_mask(model: model_lib.BertForPreTraining, tokenizer: tokenization.WordP
     """The model's top_k tokens (with their probabilities) for the one [MASK] of `text`, a
     public sentence (config.fill_mask): [CLS] text [SEP], no dropout. Post-processing of the
     trained model, so it costs no privacy."""
-    ids = tokenizer.encode(text)
-    where = np.flatnonzero(ids == tokenizer.special.mask)
-    if len(where) != 1:
-        raise ConfigError(f"config.fill_mask={text!r}: needs exactly one [MASK] token")
-    sp = tokenizer.special
-    ids = np.concatenate([[sp.cls], ids, [sp.sep]]).astype(np.int32)[None]
-    if ids.shape[1] > model.config.max_position_embeddings:
-        raise ConfigError(f"config.fill_mask={text!r}: longer than the model's "
-                          f"{model.config.max_position_embeddings} positions")
+    ids, where = fill_mask_ids(tokenizer, text, model.config.max_position_embeddings)
     out = model(jnp.asarray(ids), jnp.zeros_like(ids), jnp.ones_like(ids),
-                jnp.asarray([[where[0] + 1]], jnp.int32), deterministic=True)
+                jnp.asarray([[where]], jnp.int32), deterministic=True)
     probs = np.asarray(jax.nn.softmax(out.mlm_logits[0, 0].astype(jnp.float32)))
     top = np.argsort(-probs, kind="stable")[:top_k]
     return [(tokenizer.vocab[i], float(probs[i])) for i in top]

@@ -53,6 +53,8 @@ SMALL = {
     "vocab.seed": 0, "dp.insecure_seeded_noise": True,
     # The demo trains without dropout; these tests check the dropout keys' handling.
     "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
+    # The demo's sentence, shortened: 48 notes' vocabulary spells most words by characters.
+    "fill_mask": "with [MASK] pain .",
 }
 SECRET = {"vocab.seed": None, "dp.insecure_seeded_noise": False}
 
@@ -135,7 +137,7 @@ def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     report = train.train_and_evaluate(small_config(cache_dir, **SECRET), workdir)
     # The closing fill-in of the demo's sentence, from the exported model, then the summary.
     out = capsys.readouterr().out.splitlines()
-    fill = [l for l in out if l.startswith("fill-in: 'the patient was admitted with [MASK]")]
+    fill = [l for l in out if l.startswith("fill-in: 'with [MASK] pain .' -> ")]
     assert len(fill) == 1 and fill[0].count(" | ") == 4, out[-5:]
     assert out[-1].startswith("done: 4 steps")
     saved = json.loads((workdir / "privacy_report.json").read_text())
