@@ -73,12 +73,12 @@ def test_a_resumed_run_is_not_checked_again(tmp_path):
     _check(c, tmp_path / "w")   # the vocabulary exists: nothing to refuse any more
 
 
-@pytest.mark.slow  # ~20 s: the plan's PLD accounting at sigma 0.5
+@pytest.mark.slow  # the plan's PLD accounting (sigma 2, not 0.5: several times cheaper)
 def test_a_budget_no_step_fits_is_refused_with_the_fixes_before_anything_is_built(tmp_path):
     c = own_corpus.get_config(f"path={_notes(tmp_path, 300)},unit=patient")
     c.vocab.file = str(tmp_path / "public_vocab.txt")
-    c.dp.noise_multiplier, c.dp.target_epsilon, c.train.num_steps = 0.5, 0.5, 10
-    with pytest.raises(ConfigError, match=r"config.dp.target_epsilon=0.5: not even one step "
+    c.dp.noise_multiplier, c.dp.target_epsilon, c.train.num_steps = 2.0, 0.25, 10
+    with pytest.raises(ConfigError, match=r"config.dp.target_epsilon=0.25: not even one step "
                                           r"fits .* dp.noise_multiplier=[\d.]+ \(what "
                                           r"train.num_steps=10 steps need.*checked before "
                                           r"anything is built, with N = the \d+ patients"):
