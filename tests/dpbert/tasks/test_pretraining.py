@@ -46,6 +46,8 @@ SMALL = {
     "vocab.seed": 0, "dp.insecure_seeded_noise": True,
     # The demo trains without dropout; these tests check the dropout keys' handling.
     "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
+    # The old demo's vocabulary budget, which the refusal tests' numbers are computed for.
+    "vocab.epsilon": 2.0, "vocab.delta": 1e-6,
     # The demo's sentence, shortened: 48 notes' vocabulary spells most words by characters.
     "fill_mask": "with [MASK] pain .",
 }
