@@ -47,6 +47,13 @@ acc_init() {
     case ":$PYTHONPATH:" in *:/tmp/site:*) ;; *) export PYTHONPATH="$PYTHONPATH:/tmp/site" ;; esac
   fi
   if [ -d .whl/data ]; then export DPBERT_SHARED_DATA="$PWD/.whl/data"; fi
+  if [ $SMOKE = 1 ]; then   # tiny sizes: the sentiment sets cut to their first 64 rows
+    local src=${DPBERT_SHARED_DATA:-$(cd .. && pwd)/shared/data} f
+    mkdir -p "$WORK/data/sentiment"
+    ln -s "$src/corpus" "$src/clinical" "$WORK/data/"
+    for f in "$src"/sentiment/*.tsv; do head -n 65 "$f" > "$WORK/data/sentiment/${f##*/}"; done
+    export DPBERT_SHARED_DATA="$WORK/data"
+  fi
   log "$NAME: smoke=$SMOKE budget=$BUDGET s OUT=$OUT data=${DPBERT_SHARED_DATA:-../shared/data}"
 }
 
@@ -65,8 +72,14 @@ part() {
   else
     log "start $name (limit $limit s)"
     t0=$(date +%s)
-    timeout -k 5 "$limit" "$@" > "$PARTS/$name.out" 2> "$PARTS/$name.log"
+    # timeout leads its own process group: after it, whatever the part started and left
+    # running (a launcher's subprocess finishing a checkpoint on SIGTERM) is killed, so it
+    # cannot hold the accelerator or a workdir's lock in the next part.
+    timeout -k 5 "$limit" "$@" > "$PARTS/$name.out" 2> "$PARTS/$name.log" &
+    local pid=$!
+    wait $pid
     rc=$?
+    kill -KILL -- "-$pid" 2>/dev/null
     log "end $name: rc $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ' (timed out)')"
     echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"limit_s\": $limit}" \
       > "$PARTS/$name.meta.json"
