@@ -295,6 +295,8 @@ def main(argv):
     if mid not in etas:
         raise app.UsageError(f"--mid_eta={mid:g} must be one of --etas")
     datasets = _DATASETS.value
+    for ds in datasets:   # a bad --cells fails here, before the pretraining
+        dataset_grid(ds, etas, mid)
     folders = {"minilm": minilm()}
     if not _REPORT_ONLY.value:
         folders["minilm_pa"] = privacy_adaptive_checkpoint(out)

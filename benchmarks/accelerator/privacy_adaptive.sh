@@ -6,7 +6,8 @@
 # then fine-tuned on all 8,454 RT training rows (2 epochs, batch 32, AdamW lr 1e-4; dev: the
 # 1,057 RT dev rows) with token_rep at η = 75, against MiniLM with the same (and mode none of
 # both, the ceilings). Both stages are benchmarks/qu_finetune.py (--cells, --pa_batch,
-# --pa_lr, --json_out), one part each; a second seed comes last if the budget allows.
+# --pa_lr, --json_out; --etas=40,75 only so that the grid holds the privacy-adaptive
+# token_rep cell at 75, and for the inversion rates), one part each; a second seed last.
 #
 #   benchmarks/accelerator/privacy_adaptive.sh           # one H100 (<= 8 minutes); carry .whl
 #   benchmarks/accelerator/privacy_adaptive.sh --smoke   # the same parts on the CPU, tiny sizes
@@ -36,7 +37,7 @@ else
   SIZES=(--pa_steps="${PA_STEPS:-1200}" --pa_batch="${PA_BATCH:-256}" --pa_lr="${PA_LR:-2e-4}"
          --train_examples="${PA_ROWS:-8454}" --epochs=2)
 fi
-QU=($PY benchmarks/qu_finetune.py --out="$WORK/qu" --datasets=rt --etas=75 --mid_eta=75
+QU=($PY benchmarks/qu_finetune.py --out="$WORK/qu" --datasets=rt --etas=40,75 --mid_eta=75
     --pa_eta=75 --full_grid_datasets=rt --texthide_seeds=0 --learning_rate=1e-4 "${SIZES[@]}"
     --json_out="$WORK/qu.json")   # never BENCHMARKS.md; the table parts write to $OUT
 S4=minilm_pa:token_rep:75,minilm:token_rep:75
