@@ -14,8 +14,9 @@ import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO / "BENCHMARKS.md"
-# ../shared/data beside the checkout (benchmarks that need it stop with a clear message).
-DATA = REPO.parent / "shared" / "data"
+# ../shared/data beside the checkout (benchmarks that need it stop with a clear message), or
+# $DPBERT_SHARED_DATA (a copy of its files: the prepared device scripts carry one).
+DATA = pathlib.Path(os.environ.get("DPBERT_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
 def minilm() -> pathlib.Path:

@@ -20,7 +20,9 @@ fold 0 held out, entity micro-F1, δ = 1e-5). Cells:
 The frozen prefix of head / top:K is computed once per (set, option) and shared by its runs
 (train.prefix_cache_dir; the time it took is reported apart). Runs are cached under --out (a
 finished run's results.json is reused). Writes BENCHMARKS.md "DP fine-tuning" and
-docs/dp_finetune.png.
+docs/dp_finetune.png; with --json_out=FILE the rows as JSON instead (the plot beside it).
+benchmarks/accelerator/dp_finetune_full.sh runs --options=all --option_epsilons=8,3
+--defaults=false (all parameters under DP, one call per cell) that way on a GPU.
 """
 
 from __future__ import annotations
@@ -48,10 +50,22 @@ _EPSILONS = flags.DEFINE_list("epsilons", ["8", "3", "1"], "ε of the default-re
 _OPTIONS = flags.DEFINE_list("options", ["head"], "train.trainable choices beside the "
                              "default, at ε = 8 and without DP")
 _RT_SEEDS = flags.DEFINE_integer("rt_seeds", 1, "seeds of RT's default cell at ε = 8")
+_OPTION_EPSILONS = flags.DEFINE_list("option_epsilons", ["8"], "ε of the --options DP rows")
+_DEFAULTS = flags.DEFINE_bool("defaults", True, "the default-recipe rows (DP at --epsilons, "
+                              "and its choice without DP)")
+_JSON_OUT = flags.DEFINE_string("json_out", "", "write the rows here as JSON (the plot beside "
+                                "it), not BENCHMARKS.md")
+_MAX_TRAIN = flags.DEFINE_integer("max_train_examples", 0, "first this many training rows of "
+                                  "a sentiment set (0 = all; smoke runs)")
+_EPOCHS = flags.DEFINE_float("epochs", 0.0, "train.epochs of every run (0 = the recipe's)")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
 
 HEADING = "## DP fine-tuning (issue 31)"
 PLOT = REPO / "docs" / "dp_finetune.png"
+
+
+def plot_path() -> pathlib.Path:
+    return pathlib.Path(_JSON_OUT.value).with_suffix(".png") if _JSON_OUT.value else PLOT
 
 
 def _recipe():
@@ -64,11 +78,14 @@ def cells(dataset: str) -> list[tuple[str, str, float | None, int]]:
     """(kind, trainable, ε, seed): kind "dp" or "plain"; trainable "default" = the recipe's."""
     recipe = _recipe()
     eps = [float(e) for e in _EPSILONS.value]
-    out = [("dp", "default", 8.0, s) for s in range(_RT_SEEDS.value if dataset == "rt" else 1)]
-    out += [("dp", "default", e, 0) for e in eps if e != 8.0]
-    out += [("plain", recipe.DP_TRAINABLE, None, 0)]
+    out = []
+    if _DEFAULTS.value:
+        out += [("dp", "default", 8.0, s) for s in range(_RT_SEEDS.value if dataset == "rt" else 1)]
+        out += [("dp", "default", e, 0) for e in eps if e != 8.0]
+        out += [("plain", recipe.DP_TRAINABLE, None, 0)]
     for option in _OPTIONS.value:
-        out += [("dp", option, 8.0, 0), ("plain", option, None, 0)]
+        out += [("dp", option, float(e), 0) for e in _OPTION_EPSILONS.value]
+        out += [("plain", option, None, 0)]
     return out
 
 
@@ -107,6 +124,10 @@ def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: i
     args = [*data_args(out, dataset, option), f"--config.model.init_from_hf={minilm()}",
             f"--config.seed={seed}", "--config.checkpoint.every_steps=0",
             "--config.train.export_hf=False"]
+    if _MAX_TRAIN.value and dataset != "ner":
+        args.append(f"--config.data.max_train_examples={_MAX_TRAIN.value}")
+    if _EPOCHS.value:
+        args.append(f"--config.train.epochs={_EPOCHS.value}")
     if kind == "dp":
         args += ["--config.dp.enabled=True", f"--config.dp.target_epsilon={eps}"]
         if trainable != "default":
@@ -223,7 +244,24 @@ def plot(summaries: dict) -> None:
                  "dashed: no DP, dotted: majority", fontsize=8)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=120)
+    fig.savefig(plot_path(), dpi=120)
+
+
+def write_json(out: pathlib.Path, tables: list[str]) -> None:
+    """--json_out: every finished run's row (cell, accuracy or F1, d, B, σ, σ·√d/B, ε, minutes)
+    and the markdown tables with their goal lines; also printed as one line."""
+    import json  # noqa: PLC0415
+    rows = []
+    for dataset in _DATASETS.value:
+        for kind, trainable, eps, seed in cells(dataset):
+            path = out / "runs" / run_name(dataset, kind, trainable, eps, seed) / "results.json"
+            if path.is_file():
+                rows.append({"dataset": dataset, "kind": kind, "option": trainable,
+                             "target_epsilon": eps, "seed": seed,
+                             **row(json.loads(path.read_text()))})
+    result = {"rows": rows, "tables_md": tables}
+    pathlib.Path(_JSON_OUT.value).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
 
 
 def main(argv):
@@ -244,6 +282,9 @@ def main(argv):
         text, summaries[dataset] = table(out, dataset)
         parts.append(text)
     plot(summaries)
+    if _JSON_OUT.value:
+        write_json(out, parts)
+        return
     load = os.getloadavg()[0]
     head = (f"{HEADING}\n\n`PYTHONPATH=. python benchmarks/dp_finetune.py "
             f"--datasets={','.join(_DATASETS.value)} --epsilons={','.join(_EPSILONS.value)} "

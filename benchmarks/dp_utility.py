@@ -31,6 +31,11 @@ run resumes where it stopped:
 
 Writes the section "DP vs utility: continued pretraining on clinical notes" of BENCHMARKS.md,
 docs/dp_utility.png (MLM accuracy and NER F1 vs ε) and docs/dp_utility_exposure.png.
+
+At accelerator scale (benchmarks/accelerator/dp_pretraining.sh, one call per part): --audit=false
+trains each cell with `launch/train.py` (no canaries, no audit), --exposure=false skips step 4,
+--stop_after=corpus|cells stops after stage 2|3, and --json_out=FILE writes the figures as JSON
+(and the plot beside it) instead of BENCHMARKS.md, leaving out cells that have not finished.
 """
 
 from __future__ import annotations
@@ -71,7 +76,9 @@ _CLIP = flags.DEFINE_float("clip_norm", 0.01, "C (the paper's 0.01)")
 _DELTA = flags.DEFINE_float("delta", 1e-6, "δ (< 1/N)")
 _M = flags.DEFINE_integer("m", 256, "one-run-audit canaries")
 _PER_SETTING = flags.DEFINE_integer("per_setting", 4, "exposure canaries per (form, repetitions)")
-_PUBLIC_STEPS = flags.DEFINE_integer("public_steps", 300, "public-stage steps (batch 32, seq 128)")
+_PUBLIC_STEPS = flags.DEFINE_integer("public_steps", 300, "public-stage steps")
+_PUBLIC_BATCH = flags.DEFINE_integer("public_batch", 32, "public-stage batch")
+_PUBLIC_SEQ = flags.DEFINE_integer("public_seq", 128, "public-stage sequence length")
 _NER_SEEDS = flags.DEFINE_integer("ner_seeds", 2, "NER fine-tuning seeds per checkpoint")
 _NER_EPOCHS = flags.DEFINE_float("ner_epochs", 2.0, "NER fine-tuning epochs")
 _NER_STRIDE = flags.DEFINE_integer("ner_stride", 126, "NER window stride (126 = no overlap)")
@@ -81,6 +88,14 @@ _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from ca
 # MLM head only (train.trainable=top:K), which cuts the d of σ √d / B. A choice other than "all"
 # writes its own section and plots (suffixed by the choice), beside the "all" ones.
 _TRAINABLE = flags.DEFINE_string("trainable", "all", "train.trainable of every cell")
+_AUDIT = flags.DEFINE_bool("audit", True, "cells with canaries and the one-run audit "
+                           "(launch/audit.py); false: launch/train.py alone (needs --json_out)")
+_EXPOSURE = flags.DEFINE_bool("exposure", True, "stage 4, exposure over all cells (needs --audit)")
+_STOP_AFTER = flags.DEFINE_enum("stop_after", "", ["", "corpus", "cells"],
+                                "stop after the public stage and the corpus, or after the cells")
+_JSON_OUT = flags.DEFINE_string("json_out", "", "write the figures here as JSON (the plot beside "
+                                "it), not BENCHMARKS.md; cells not finished are left out")
+_NER_NOTES = flags.DEFINE_integer("ner_notes", 0, "synthetic NER notes (0: the config's 170)")
 
 _HEADING = "## DP vs utility: continued pretraining on clinical notes (Hoory et al., small scale)"
 
@@ -95,6 +110,8 @@ def heading() -> str:
 
 
 def plot_path() -> pathlib.Path:
+    if _JSON_OUT.value:
+        return pathlib.Path(_JSON_OUT.value).with_suffix(".png")
     return REPO / "docs" / f"dp_utility{_suffix()}.png"
 
 
@@ -150,17 +167,21 @@ def public_checkpoint(out: pathlib.Path) -> pathlib.Path:
     if (hf / "config.json").is_file():
         return hf
     steps = _PUBLIC_STEPS.value
-    print(f"public stage: MiniLM + MLM head, {steps} steps x 32 sequences of 128 pieces on "
-          "web_bible, no DP ...", flush=True)
+    batch, seq = _PUBLIC_BATCH.value, _PUBLIC_SEQ.value
+    print(f"public stage: MiniLM + MLM head, {steps} steps x {batch} sequences of {seq} pieces "
+          "on web_bible, no DP ...", flush=True)
     run_logged([sys.executable, "launch/train.py", "--config=configs/wiki_books.py",
                 f"--workdir={workdir}", f"--config.model.init_from_hf={minilm()}",
                 "--config.data.corpus=text",
                 f"--config.data.paths={DATA / 'corpus' / 'web_bible.txt.gz'}",
-                "--config.data.max_seq_length=128", "--config.data.max_predictions_per_seq=20",
-                "--config.batch.expected_batch_size=32", "--config.batch.physical_batch_size=32",
-                "--config.optimizer.learning_rate=2e-4", "--config.optimizer.warmup_steps=30",
-                f"--config.train.num_steps={steps}", "--config.train.eval_every=100",
-                "--config.train.log_every=25", "--config.checkpoint.every_steps=100"],
+                f"--config.data.max_seq_length={seq}",
+                f"--config.data.max_predictions_per_seq={20 if seq == 128 else max(1, seq // 7)}",
+                f"--config.batch.expected_batch_size={batch}",
+                f"--config.batch.physical_batch_size={batch}",
+                "--config.optimizer.learning_rate=2e-4",
+                f"--config.optimizer.warmup_steps={min(30, max(1, steps // 2))}",
+                f"--config.train.num_steps={steps}", f"--config.train.eval_every={min(100, steps)}",
+                "--config.train.log_every=25", f"--config.checkpoint.every_steps={min(100, steps)}"],
                out / "public_minilm.log")
     return hf
 
@@ -201,11 +222,16 @@ def continued_pretraining(out: pathlib.Path, cell: Cell, public: pathlib.Path,
                           corpus: pathlib.Path) -> pathlib.Path:
     """One cell: `launch/audit.py` (training with canaries + the one-run audit); its OUT."""
     folder = out / cell.name
-    if (folder / "results.json").is_file():
+    if cell_done(folder):
         return folder
-    cmd = [sys.executable, "launch/audit.py", "--config=configs/mimic_dp.py", f"--out={folder}",
-           f"--m={_M.value}",
-           f"--config.model.init_from_hf={public}", f"--config.data.paths={corpus}",
+    if _AUDIT.value:
+        cmd = [sys.executable, "launch/audit.py", "--config=configs/mimic_dp.py",
+               f"--out={folder}", f"--m={_M.value}", "--config.data.canaries.enabled=True",
+               f"--config.data.canaries.per_setting={_PER_SETTING.value}"]
+    else:   # the training alone, in the folder audit.py would use
+        cmd = [sys.executable, "launch/train.py", "--config=configs/mimic_dp.py",
+               f"--workdir={folder / 'train'}"]
+    cmd += [f"--config.model.init_from_hf={public}", f"--config.data.paths={corpus}",
            f"--config.data.max_seq_length={_SEQ.value}",
            f"--config.data.max_predictions_per_seq={max(1, round(0.15 * _SEQ.value))}",
            "--config.data.eval_fraction=0.03", "--config.dp.privacy_unit=example",
@@ -219,8 +245,8 @@ def continued_pretraining(out: pathlib.Path, cell: Cell, public: pathlib.Path,
            "--config.train.eval_batches=0",
            f"--config.train.log_every={max(1, cell.steps // 10)}",
            f"--config.checkpoint.every_steps={max(1, cell.steps // 5)}",
-           "--config.data.canaries.enabled=True",
-           f"--config.data.canaries.per_setting={_PER_SETTING.value}",
+           # Every cell reads the same instances: built once (the first cell), then loaded.
+           f"--config.data.cache_dir={out / 'instances'}",
            f"--config.dp.clip_norm={_CLIP.value}", f"--config.dp.delta={_DELTA.value}",
            f"--config.train.trainable={_TRAINABLE.value}"]
     if cell.dp:
@@ -233,6 +259,11 @@ def continued_pretraining(out: pathlib.Path, cell: Cell, public: pathlib.Path,
     run_logged(cmd, out / f"{cell.name}.log")   # resumes from the cell's checkpoint if any
     (folder / WALL_FILE).write_text(json.dumps({"wall_seconds": time.time() - t0}))
     return folder
+
+
+def cell_done(folder: pathlib.Path) -> bool:
+    """A finished cell: the audit's results, or (--audit=false) the training's wall file."""
+    return (folder / ("results.json" if _AUDIT.value else WALL_FILE)).is_file()
 
 
 def exposure(out: pathlib.Path, folders: dict[Cell, pathlib.Path]) -> dict:
@@ -252,9 +283,11 @@ def exposure(out: pathlib.Path, folders: dict[Cell, pathlib.Path]) -> dict:
 
 def ner(out: pathlib.Path, name: str, hf: pathlib.Path, seed: int) -> dict:
     workdir = out / "ner" / (f"{name}_e{_NER_EPOCHS.value:g}_st{_NER_STRIDE.value}"
-                             f"_lr{_NER_LR.value:g}_s{seed}")
+                             + (f"_n{_NER_NOTES.value}" if _NER_NOTES.value else "")
+                             + f"_lr{_NER_LR.value:g}_s{seed}")
+    notes = [f"--config.data.synthetic_num_notes={_NER_NOTES.value}"] if _NER_NOTES.value else []
     return finetune_cached(workdir, [
-        "--config=configs/finetune_ner.py", f"--config.model.init_from_hf={hf}",
+        "--config=configs/finetune_ner.py", f"--config.model.init_from_hf={hf}", *notes,
         f"--config.seed={seed}", f"--config.train.epochs={_NER_EPOCHS.value}",
         f"--config.data.stride={_NER_STRIDE.value}",
         f"--config.optimizer.learning_rate={_NER_LR.value}", "--config.checkpoint.every_steps=0"])
@@ -399,19 +432,78 @@ def plot_exposure(cs: list[Cell], expo: dict) -> None:
     fig.savefig(exposure_plot_path(), dpi=110)
 
 
+def json_report(out: pathlib.Path, folders: dict[Cell, pathlib.Path],
+                public: pathlib.Path) -> None:
+    """--json_out: the figures of the finished cells (no audit, no exposure), written before the
+    NER runs and again after each checkpoint's, so a run cut short keeps what it measured."""
+    path = pathlib.Path(_JSON_OUT.value)
+    d = trainable_params(next(iter(folders.values())), public) if folders else None
+    result = {"settings": {k: flags.FLAGS[k].value for k in (
+        "notes", "seq", "batch", "steps", "learning_rate", "warmup", "physical", "clip_norm",
+        "delta", "public_steps", "public_batch", "public_seq", "ner_seeds", "ner_epochs", "ner_notes", "trainable")},
+        "d": d, "paper_noise_to_signal": PAPER_NOISE_TO_SIGNAL,
+        "public": {"mlm_accuracy": None, "ner_f1": []}, "cells": []}
+    for c, folder in folders.items():
+        start, end = mlm_accuracy(folder)
+        report = (json.loads((folder / "train" / "privacy_report.json").read_text())["training"]
+                  if c.dp else {})
+        sigma = report.get("noise_multiplier")
+        result["public"]["mlm_accuracy"] = start
+        result["cells"].append({
+            "label": c.label, "name": c.name, "target_epsilon": c.eps if c.dp else None,
+            "epsilon": report.get("epsilon"), "delta": report.get("delta"), "sigma": sigma,
+            "q": report.get("sampling_probability"), "num_examples": report.get("num_examples"),
+            "noise_to_signal": noise_to_signal(sigma, d, c.batch) if sigma else 0.0,
+            "steps": c.steps, "batch": c.batch, "lr": c.lr, "mlm_accuracy_start": start,
+            "mlm_accuracy": end, "ner_f1": [], "train_seconds": train_seconds(folder)})
+
+    def write() -> None:
+        for row in [result["public"], *result["cells"]]:
+            row["ner_f1_mean_sd"] = mean_sd(row["ner_f1"]) if row["ner_f1"] else None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+
+    write()
+    rows = [(PUBLIC, public, result["public"])] + [
+        (c.name, folders[c] / "train" / "hf", r) for c, r in zip(folders, result["cells"])]
+    for name, hf, row in rows:
+        for seed in range(_NER_SEEDS.value):
+            row["ner_f1"].append(ner(out, name, hf, seed)["eval_f1"])
+            print(f"NER {name} seed {seed}: F1 {row['ner_f1'][-1]:.4f}", flush=True)
+        write()
+    if folders:
+        cs, none = list(folders), (math.nan, 0.0)
+        plot(cs, {c: r["mlm_accuracy"] for c, r in zip(cs, result["cells"])},
+             {c: r["ner_f1_mean_sd"] or none for c, r in zip(cs, result["cells"])},
+             result["public"]["mlm_accuracy"], result["public"]["ner_f1_mean_sd"] or none)
+    print(json.dumps(result))
+
+
 def main(argv):
     del argv
+    if not _AUDIT.value and (_EXPOSURE.value or not (_JSON_OUT.value or _STOP_AFTER.value)):
+        raise app.UsageError("--audit=false needs --exposure=false, and --json_out for a report")
     began = time.time()
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     cs = cells()
     public = (out / "public_minilm" / "hf") if _REPORT_ONLY.value else public_checkpoint(out)
     corpus = private_corpus(out)
+    if _STOP_AFTER.value == "corpus":
+        return
     folders = {}
     for c in cs:
+        if _REPORT_ONLY.value and _JSON_OUT.value and not cell_done(out / c.name):
+            print(f"  {c.label}: not finished, left out", flush=True)
+            continue
         folders[c] = (out / c.name) if _REPORT_ONLY.value else continued_pretraining(
             out, c, public, corpus)
         print(f"  done ({(time.time() - began) / 60:.1f} min so far)", flush=True)
+    if _STOP_AFTER.value == "cells":
+        return
+    if _JSON_OUT.value:
+        json_report(out, folders, public)
+        return
     expo = exposure(out, folders)
     checkpoints = {PUBLIC: public, **{c.name: folders[c] / "train" / "hf" for c in cs}}
     f1s, ner_seconds = {}, 0.0

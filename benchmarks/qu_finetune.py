@@ -16,7 +16,9 @@ on the dev set's own tokens.
 
 Runs are cached under --out (a finished run's results.json is reused), so an interrupted sweep
 resumes. Writes the "Fine-tuning under input privacy" section of BENCHMARKS.md and
-docs/qu_finetune.png (accuracy vs η).
+docs/qu_finetune.png (accuracy vs η); with --json_out=FILE the rows, the summary and the claims
+as JSON instead (the plot beside it). --cells keeps some cells of the grid, --pa_batch and
+--pa_lr scale the privacy-adaptive pretraining (benchmarks/accelerator/privacy_adaptive.sh).
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ _ETAS = flags.DEFINE_list("etas", ["40", "75", "125"], "η grid of the token mod
 _MID_ETA = flags.DEFINE_float("mid_eta", 75.0, "the middle η: seq_rep and the privacy-adaptive "
                               "checkpoint's text_to_text row use it")
 _PA_ETA = flags.DEFINE_float("pa_eta", 75.0, "η of the privacy-adaptive pretraining")
-_PA_STEPS = flags.DEFINE_integer("pa_steps", 300, "privacy-adaptive pretraining steps (batch 32)")
+_PA_STEPS = flags.DEFINE_integer("pa_steps", 300, "privacy-adaptive pretraining steps")
+_PA_BATCH = flags.DEFINE_integer("pa_batch", 32, "privacy-adaptive pretraining batch")
+_PA_LR = flags.DEFINE_float("pa_lr", 1e-4, "privacy-adaptive pretraining learning rate")
+_CELLS = flags.DEFINE_list("cells", [], "only these cells of the grid, as checkpoint:mode[:η] "
+                           "(e.g. minilm:none,minilm_pa:token_rep:75); empty: the whole grid")
+_JSON_OUT = flags.DEFINE_string("json_out", "", "write rows, summary and claims here as JSON "
+                                "(the plot beside it), not BENCHMARKS.md")
 _TRAIN_EXAMPLES = flags.DEFINE_integer("train_examples", 2000, "training rows used per set")
 _EPOCHS = flags.DEFINE_float("epochs", 2.0, "fine-tuning epochs")
 _LR = flags.DEFINE_float("learning_rate", 1e-4, "fine-tuning peak learning rate")
@@ -60,24 +68,36 @@ PLOT = REPO / "docs" / "qu_finetune.png"
 
 def privacy_adaptive_checkpoint(out: pathlib.Path) -> pathlib.Path:
     """Continued pretraining of MiniLM on dχ-privatized public text; returns its HF export."""
-    workdir = out / f"pa_minilm_eta{_PA_ETA.value:g}_steps{_PA_STEPS.value}"
+    workdir = pa_workdir(out)
     hf = workdir / "hf"
     if (hf / "config.json").is_file():
         return hf
     steps = _PA_STEPS.value
+    batch = _PA_BATCH.value
     print(f"privacy-adaptive pretraining of MiniLM: token_rep η={_PA_ETA.value:g}, denoising "
-          f"target, {steps} steps x 32 sequences of 64 pieces on web_bible ...", flush=True)
+          f"target, {steps} steps x {batch} sequences of 64 pieces on web_bible ...", flush=True)
     run_logged([sys.executable, "launch/train.py", "--config=configs/privacy_adaptive.py:token_rep",
                 f"--workdir={workdir}", f"--config.model.init_from_hf={minilm()}",
                 f"--config.data.paths={DATA / 'corpus' / 'web_bible.txt.gz'}",
                 f"--config.dchi.eta={_PA_ETA.value}", "--config.mlm_target=denoising",
                 "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
-                "--config.batch.expected_batch_size=32", "--config.batch.physical_batch_size=32",
-                "--config.optimizer.learning_rate=1e-4",
+                f"--config.batch.expected_batch_size={batch}",
+                f"--config.batch.physical_batch_size={batch}",
+                f"--config.optimizer.learning_rate={_PA_LR.value}",
                 f"--config.optimizer.warmup_steps={max(1, steps // 10)}",
                 f"--config.train.num_steps={steps}", "--config.train.eval_every=0",
                 f"--config.checkpoint.every_steps={steps}"], out / "pa_minilm.log")
     return hf
+
+
+def pa_workdir(out: pathlib.Path) -> pathlib.Path:
+    extra = "" if (_PA_BATCH.value, _PA_LR.value) == (32, 1e-4) else \
+        f"_B{_PA_BATCH.value}_lr{_PA_LR.value:g}"
+    return out / f"pa_minilm_eta{_PA_ETA.value:g}_steps{_PA_STEPS.value}{extra}"
+
+
+def cell_key(ckpt: str, mode: str, eta) -> str:
+    return f"{ckpt}:{mode}" + ("" if eta is None else f":{eta:g}")
 
 
 def grid(etas: list[float], mid: float, full: bool = True) -> list[tuple[str, str, float | None]]:
@@ -101,7 +121,13 @@ def grid(etas: list[float], mid: float, full: bool = True) -> list[tuple[str, st
 
 
 def dataset_grid(dataset: str, etas: list[float], mid: float):
-    return grid(etas, mid, full=dataset in _FULL_GRID.value)
+    cells = grid(etas, mid, full=dataset in _FULL_GRID.value)
+    if _CELLS.value:
+        unknown = set(_CELLS.value) - {cell_key(*c) for c in cells}
+        if unknown:
+            raise app.UsageError(f"--cells: not in the grid: {sorted(unknown)}")
+        cells = [c for c in cells if cell_key(*c) in _CELLS.value]
+    return cells
 
 
 def run_name(dataset, ckpt, mode, eta, seed) -> str:
@@ -156,9 +182,10 @@ def checks(summary: dict, dataset: str, etas: list[float], mid: float) -> list[s
             lines.append(f"none > {mode} η={eta:g}: {compare(none, c)} ({fmt(none)} vs {fmt(c)})")
     t2t = [cell("minilm", "text_to_text", e) for e in etas]
     steps = [compare(b, a) for a, b in zip(t2t, t2t[1:])]
-    lines.append(f"text_to_text rises with η: {', '.join(steps)} ("
-                 + " < ".join(fmt(c) for c in t2t)
-                 + f" at η = {', '.join(f'{e:g}' for e in etas)})")
+    if all(c[2] for c in t2t):   # (--cells may leave text_to_text out)
+        lines.append(f"text_to_text rises with η: {', '.join(steps)} ("
+                     + " < ".join(fmt(c) for c in t2t)
+                     + f" at η = {', '.join(f'{e:g}' for e in etas)})")
     for eta in etas:
         pa, orig = cell("minilm_pa", "token_rep", eta), cell("minilm", "token_rep", eta)
         if not pa[2]:
@@ -209,8 +236,9 @@ def plot(summary: dict, datasets: list[str], etas: list[float], inversion: dict)
         ax.set_title(f"{ds}: MiniLM-L6, {_TRAIN_EXAMPLES.value} train rows")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    PLOT.parent.mkdir(exist_ok=True)
-    fig.savefig(PLOT, dpi=110)
+    path = pathlib.Path(_JSON_OUT.value).with_suffix(".png") if _JSON_OUT.value else PLOT
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def report(rows, datasets, etas, mid, inversion, wall) -> str:
@@ -267,11 +295,13 @@ def main(argv):
     if mid not in etas:
         raise app.UsageError(f"--mid_eta={mid:g} must be one of --etas")
     datasets = _DATASETS.value
+    for ds in datasets:   # a bad --cells fails here, before the pretraining
+        dataset_grid(ds, etas, mid)
     folders = {"minilm": minilm()}
     if not _REPORT_ONLY.value:
         folders["minilm_pa"] = privacy_adaptive_checkpoint(out)
     else:
-        folders["minilm_pa"] = out / f"pa_minilm_eta{_PA_ETA.value:g}_steps{_PA_STEPS.value}" / "hf"
+        folders["minilm_pa"] = pa_workdir(out) / "hf"
     # Seeds outermost: an interrupted sweep has every cell of every set at the same n.
     todo = [(ds, c, m, e, s) for s in range(_SEEDS.value) for ds in datasets
             for (c, m, e) in dataset_grid(ds, etas, mid)
@@ -294,7 +324,22 @@ def main(argv):
     inversion = {ds: inversion_accuracy(ds, etas, folders["minilm"]) for ds in datasets}
     text = report(rows, datasets, etas, mid, inversion, time.time() - began)
     print(text)
-    bench_report.write_section(HEADING, text, keep_subsections=False)
+    if _JSON_OUT.value:
+        summary = summarize(rows)
+        result = {"rows": rows, "inversion": {ds: {f"{e:g}": v for e, v in inv.items()}
+                                              for ds, inv in inversion.items()},
+                  "summary": [{"dataset": k[0], "checkpoint": k[1], "mode": k[2], "eta": k[3],
+                               "mean": v[0], "sd": v[1], "n": v[2]} for k, v in summary.items()],
+                  "claims": {ds: checks(summary, ds, etas, mid) for ds in datasets},
+                  "majority": {ds: majority_rate(ds) for ds in datasets},
+                  "pa_pretraining": {"eta": _PA_ETA.value, "steps": _PA_STEPS.value,
+                                     "batch": _PA_BATCH.value, "lr": _PA_LR.value,
+                                     "sequences": _PA_STEPS.value * _PA_BATCH.value},
+                  "report_md": text}
+        pathlib.Path(_JSON_OUT.value).write_text(json.dumps(result, indent=1))
+        print(json.dumps(result))
+    else:
+        bench_report.write_section(HEADING, text, keep_subsections=False)
     plot(summarize(rows), datasets, etas, inversion)
 
 

@@ -11,13 +11,16 @@ public Gaussian projection to 50: the GloVe-50 analogue of FINETUNE_SPEC §3.1).
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import sys
 import time
 from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-DATA = REPO.parent / "shared" / "data" / "sentiment"
+# ../shared/data/sentiment, or that folder of $DPBERT_SHARED_DATA (bench_report.DATA).
+DATA = pathlib.Path(os.environ.get("DPBERT_SHARED_DATA") or REPO.parent / "shared" / "data") \
+    / "sentiment"
 FEATURE_VERSION = "v1"
 
 

