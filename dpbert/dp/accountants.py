@@ -51,7 +51,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import optimize
 
 from dpbert.core.checks import check_choice, check_int
-from dpbert.dp import pld_grid
+from dpbert.dp import pld_cache, pld_grid
 
 if TYPE_CHECKING:
     from dpbert.dp.accounting import AccountingSpec
@@ -243,15 +243,21 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
                      max_batch_size: int | None, discretization: float
                      ) -> pld_lib.PrivacyLossDistribution:
     """dp_accounting's PLD of one step (cached: building it is the slow part for
-    truncated sampling, ~1 s, while searches over the number of steps reuse it)."""
+    truncated sampling, ~10 s of CPU, while searches over the number of steps reuse it; across
+    processes too where DPBERT_PLD_CACHE_DIR is set, `dpbert.dp.pld_cache`)."""
     if max_batch_size is not None and max_batch_size < num_examples:
-        return pld_lib.from_truncated_subsampled_gaussian_mechanism(
-            dataset_size=num_examples, sampling_probability=q,
-            truncated_batch_size=max_batch_size, noise_multiplier=sigma_eff,
-            value_discretization_interval=discretization)
-    return pld_lib.from_gaussian_mechanism(
-        standard_deviation=sigma_eff, sampling_prob=q,
-        value_discretization_interval=discretization)
+        return pld_cache.load_or_build(
+            "truncated_subsampled_gaussian",
+            (sigma_eff, q, num_examples, max_batch_size, discretization),
+            lambda: pld_lib.from_truncated_subsampled_gaussian_mechanism(
+                dataset_size=num_examples, sampling_probability=q,
+                truncated_batch_size=max_batch_size, noise_multiplier=sigma_eff,
+                value_discretization_interval=discretization))
+    return pld_cache.load_or_build(
+        "subsampled_gaussian", (sigma_eff, q, discretization),
+        lambda: pld_lib.from_gaussian_mechanism(
+            standard_deviation=sigma_eff, sampling_prob=q,
+            value_discretization_interval=discretization))
 
 
 def _mechanism(spec: AccountingSpec) -> tuple:
