@@ -27,7 +27,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # temporary folder, never the user's.
 os.environ.setdefault("DPBERT_COMPILATION_CACHE_DIR", os.environ["JAX_COMPILATION_CACHE_DIR"])
 # Single-step privacy loss distributions (dpbert.dp.pld_cache, off by default): built once per
-# session, not once per process (~10 s of CPU each for the small runs' truncated sampling, in
+# session, not once per process (~2 s of CPU each for the small runs' truncated sampling, in
 # each xdist worker and each launcher subprocess). A loaded PLD is the built one: every epsilon
 # is the same float (tests/dpbert/dp/test_accounting.py).
 if "DPBERT_PLD_CACHE_DIR" not in os.environ:

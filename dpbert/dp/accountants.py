@@ -243,7 +243,7 @@ def _single_step_pld(sigma_eff: float, q: float, num_examples: int,
                      max_batch_size: int | None, discretization: float
                      ) -> pld_lib.PrivacyLossDistribution:
     """dp_accounting's PLD of one step (cached: building it is the slow part for
-    truncated sampling, ~10 s of CPU, while searches over the number of steps reuse it; across
+    truncated sampling, ~2 s of CPU, while searches over the number of steps reuse it; across
     processes too where DPBERT_PLD_CACHE_DIR is set, `dpbert.dp.pld_cache`)."""
     if max_batch_size is not None and max_batch_size < num_examples:
         return pld_cache.load_or_build(

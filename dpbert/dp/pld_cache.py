@@ -1,6 +1,6 @@
 """An opt-in disk cache of single-step privacy loss distributions (host side, no JAX).
 
-Building one step's PLD of truncated Poisson sampling costs dp_accounting ~10 s of CPU (a Python
+Building one step's PLD of truncated Poisson sampling costs dp_accounting ~2 s of CPU (a Python
 loop over ~600,000 grid points); `dpbert.dp.accountants` caches it in memory, but every new
 process (a launcher, a resumed run, a test worker) builds it again. When the environment
 variable DPBERT_PLD_CACHE_DIR names a folder, `load_or_build` keeps each PLD there (pickled,
