@@ -26,6 +26,18 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # The launchers' own cache (dpbert.runtime.compile_cache, on by default in ~/.cache): the same
 # temporary folder, never the user's.
 os.environ.setdefault("DPBERT_COMPILATION_CACHE_DIR", os.environ["JAX_COMPILATION_CACHE_DIR"])
+# Single-step privacy loss distributions (dpbert.dp.pld_cache, off by default): built once per
+# session, not once per process (~2 s of CPU each for the small runs' truncated sampling, in
+# each xdist worker and each launcher subprocess). A loaded PLD is the built one: every epsilon
+# is the same float (tests/dpbert/dp/test_accounting.py).
+if "DPBERT_PLD_CACHE_DIR" not in os.environ:
+    import atexit  # noqa: E402
+    import shutil  # noqa: E402
+    import tempfile  # noqa: E402
+
+    _PLD_CACHE = tempfile.mkdtemp(prefix="dpbert-test-pld-cache-")
+    atexit.register(shutil.rmtree, _PLD_CACHE, ignore_errors=True)
+    os.environ["DPBERT_PLD_CACHE_DIR"] = _PLD_CACHE
 
 import pathlib  # noqa: E402
 

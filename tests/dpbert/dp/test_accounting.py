@@ -360,10 +360,12 @@ def test_epsilon_reuses_the_single_step_pld_and_equals_the_accountant_bit_for_bi
     PLDAccountant rebuild it (seconds for truncated sampling, asked at every checkpoint).
     The answer must be the accountant's float, at any step count, in any order of calls
     (the cached PLD must not be changed by composing it)."""
+    direct = {}  # a fresh accountant per step count (7 is asked twice of spec.epsilon)
     for steps in (1, 7, 3, 7, 40):
-        direct = pld_privacy_accountant.PLDAccountant().compose(spec.event(steps)).get_epsilon(
-            spec.delta)
-        assert spec.epsilon(steps) == direct, steps
+        if steps not in direct:
+            direct[steps] = pld_privacy_accountant.PLDAccountant().compose(
+                spec.event(steps)).get_epsilon(spec.delta)
+        assert spec.epsilon(steps) == direct[steps], steps
 
 
 def test_composed_segments_equal_the_accountant_on_their_composed_event_bit_for_bit():
@@ -379,3 +381,46 @@ def test_composed_segments_equal_the_accountant_on_their_composed_event_bit_for_
             dp_accounting.ComposedDpEvent(events)).get_epsilon(1e-4)
         assert accounting.composed_epsilon(segments) == direct, segments
     assert accounting.composed_epsilon([(one, 0)]) == 0.0
+
+
+def test_the_disk_cache_of_single_step_plds_gives_the_accountants_float(tmp_path, monkeypatch):
+    """DPBERT_PLD_CACHE_DIR (set for the test session by tests/conftest.py): a single-step PLD
+    built by one process is loaded by the next (simulated: the in-memory cache cleared), and
+    the epsilon from the loaded PLD is still the accountant's float; a file of another key
+    under the key's name is rebuilt, not trusted; unset, nothing is read or written."""
+    import pickle
+
+    from dpbert.dp import pld_cache
+
+    spec = accounting.AccountingSpec(1.3, 16, 46, 1e-4, max_batch_size=21)
+    direct = pld_privacy_accountant.PLDAccountant().compose(spec.event(3)).get_epsilon(1e-4)
+    real = accountants.pld_lib.from_truncated_subsampled_gaussian_mechanism
+    builds = []
+
+    def counted(**kw):
+        builds.append(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(accountants.pld_lib, "from_truncated_subsampled_gaussian_mechanism",
+                        counted)
+    folder = tmp_path / "pld"
+    monkeypatch.setenv(pld_cache.CACHE_ENV, str(folder))
+    try:
+        accountants._single_step_pld.cache_clear()
+        assert spec.epsilon(3) == direct and len(builds) == 1
+        (saved,) = folder.iterdir()
+        accountants._single_step_pld.cache_clear()
+        assert spec.epsilon(3) == direct and len(builds) == 1  # loaded, not built
+        # Another key's file under this name (say, another sigma) is not used.
+        key, value = pickle.loads(saved.read_bytes())
+        saved.write_bytes(pickle.dumps((key[:-1] + ((1.0,) + key[-1][1:],), value)))
+        accountants._single_step_pld.cache_clear()
+        assert spec.epsilon(3) == direct and len(builds) == 2
+        assert pickle.loads(saved.read_bytes())[0] == key  # and rewritten
+        monkeypatch.delenv(pld_cache.CACHE_ENV)
+        accountants._single_step_pld.cache_clear()
+        saved.unlink()
+        assert spec.epsilon(3) == direct and len(builds) == 3
+        assert not any(folder.iterdir())
+    finally:
+        accountants._single_step_pld.cache_clear()

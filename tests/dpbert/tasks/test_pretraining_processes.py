@@ -23,16 +23,25 @@ from tests.dpbert.tasks.test_pretraining import (  # noqa: F401  (cache_dir: the
     small_config)
 
 
+@pytest.fixture(scope="module")
+def eight_devices(cache_dir, tmp_path_factory):
+    """The 3-step small run on all 8 devices (seeded: every run of it is the same run), which
+    the one-device, fsdp and two-process runs are compared with (read only)."""
+    workdir = tmp_path_factory.mktemp("eight") / "run"
+    train.train_and_evaluate(
+        small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False}), workdir)
+    return workdir
+
+
 @pytest.mark.slow
-def test_eight_devices_equal_one_device(cache_dir, tmp_path):
+def test_eight_devices_equal_one_device(cache_dir, eight_devices, tmp_path):
     c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
     train.train_and_evaluate(c, tmp_path / "one", devices=jax.devices()[:1])
-    train.train_and_evaluate(c, tmp_path / "eight")
     c2 = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False,
                                     "mesh.data": 4, "mesh.fsdp": 2})
     train.train_and_evaluate(c2, tmp_path / "fsdp")
     one, _ = final_params(tmp_path / "one")
-    eight, _ = final_params(tmp_path / "eight")
+    eight, _ = final_params(eight_devices)
     fsdp, _ = final_params(tmp_path / "fsdp")
     assert_trees(one, eight, exact=False, rtol=2e-4, atol=2e-6)
     assert_trees(one, fsdp, exact=False, rtol=2e-4, atol=2e-6)
@@ -62,9 +71,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_of_four_devices_equal_one_process_of_eight(cache_dir, tmp_path):
-    c = small_config(cache_dir, **{"train.num_steps": 3, "train.export_hf": False})
-    train.train_and_evaluate(c, tmp_path / "single")
+def test_two_processes_of_four_devices_equal_one_process_of_eight(cache_dir, eight_devices,
+                                                                   tmp_path):
     port = _free_port()
     env_flags = "--xla_force_host_platform_device_count=4"
     procs = []
@@ -80,7 +88,7 @@ def test_two_processes_of_four_devices_equal_one_process_of_eight(cache_dir, tmp
     outs = [p.communicate(timeout=600)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
-    single, _ = final_params(tmp_path / "single")
+    single, _ = final_params(eight_devices)
     multi, _ = final_params(tmp_path / "multi")
     assert_trees(single, multi, exact=False, rtol=2e-4, atol=2e-6)
 
