@@ -15,7 +15,7 @@ from ml_collections import config_dict
 
 # dpbert.models.bert.PRESETS's names (kept here so that loading a config does not import JAX;
 # tests/configs checks that they agree).
-MODEL_SIZES = ("tiny", "mini", "small", "medium", "base", "large")
+MODEL_SIZES = ("micro", "tiny", "mini", "small", "medium", "base", "large")
 
 
 def parse_arg(arg: str | None, allowed: Mapping[str, Collection[str] | None], *,
@@ -71,8 +71,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---------------------------------------------------------------------------------- model
     c.model = ml_collections.ConfigDict()
-    # BERT size preset: tiny (2 layers, 128 hidden), mini (4/256), small, medium, base (12/768),
-    # large (24/1024). Ignored when init_from_hf is set (the checkpoint's config.json decides).
+    # BERT size preset: micro (2 layers, 64 hidden), tiny (2/128), mini (4/256), small, medium,
+    # base (12/768), large (24/1024). Ignored when init_from_hf is set (the checkpoint's config.json decides).
     c.model.size = "tiny"
     # Compute dtype: "float32" or "bfloat16" (parameters, gradients and noise stay float32).
     c.model.dtype = "float32"

@@ -49,6 +49,7 @@ from dpbert import prng
 # Size presets: (num_hidden_layers, hidden_size, num_attention_heads). The intermediate (MLP)
 # size is 4 x hidden as in every published BERT.
 PRESETS: dict[str, tuple[int, int, int]] = {
+    "micro": (2, 64, 2),
     "tiny": (2, 128, 2),
     "mini": (4, 256, 4),
     "small": (4, 512, 8),

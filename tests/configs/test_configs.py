@@ -39,14 +39,14 @@ def test_args_that_configs_take():
     assert _get("privacy_adaptive", "token_rep").dchi.mechanism == "token_rep"
     assert _get("privacy_adaptive", "mechanism=token_rep").dchi.mechanism == "token_rep"
     assert _get("privacy_adaptive").dchi.mechanism == "text_to_text"
-    assert _get("demo_dp", "").model.size == "tiny"
+    assert _get("demo_dp", "").model.size == "micro"
 
 
 @pytest.mark.parametrize("name, arg, match", [
     ("demo_dp", "ARG", r"configs/demo_dp.py takes no config arg; got 'ARG'"),
     ("mimic_dp", "sise=tiny", r"unknown config arg 'sise'; did you mean 'size'\? "
-                              r"\(accepted: size=tiny\|mini\|small\|medium\|base\|large\)"),
-    ("mimic_dp", "size=huge", r"config arg size='huge' must be one of tiny, mini"),
+                              r"\(accepted: size=micro\|tiny\|mini\|small\|medium\|base\|large\)"),
+    ("mimic_dp", "size=huge", r"config arg size='huge' must be one of micro, tiny, mini"),
     ("mimic_dp", "size=", r"config arg size='' must be one of"),
     ("mimic_dp", "size=tiny,size=base", r"'size' given twice"),
     ("wiki_books", "base,tiny", r"config arg 'tiny' is not key=value"),

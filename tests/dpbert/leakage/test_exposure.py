@@ -134,6 +134,7 @@ def fake_workdir(tmp_path, vocab_file, bias=20.0):
     tok = tokenization.WordPieceTokenizer(vocab_file)
     workdir = tmp_path / "run"
     config = demo_dp.get_config()
+    config.model.size = "tiny"  # the checkpoint below is a tiny model
     config.data.canaries.enabled = True
     config.data.canaries.repetitions = (0, 10, 100)
     config.data.cache_dir = str(tmp_path / "cache")

@@ -40,7 +40,8 @@ def run(m, b, **kw):
 
 
 @pytest.mark.parametrize("name,layers,hidden,heads", [
-    ("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("base", 12, 768, 12), ("large", 24, 1024, 16)])
+    ("micro", 2, 64, 2), ("tiny", 2, 128, 2), ("mini", 4, 256, 4), ("base", 12, 768, 12),
+    ("large", 24, 1024, 16)])
 def test_presets(name, layers, hidden, heads):
     c = model_lib.BertConfig.preset(name, 30522)
     assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads) == (layers, hidden, heads)

@@ -46,6 +46,8 @@ SMALL = {
     "vocab.seed": 0, "dp.insecure_seeded_noise": True,
     # The demo trains without dropout; these tests check the dropout keys' handling.
     "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
+    # The model these tests were written for (the demo's is micro since issue 36).
+    "model.size": "tiny",
     # The old demo's vocabulary budget, which the refusal tests' numbers are computed for.
     "vocab.epsilon": 2.0, "vocab.delta": 1e-6,
     # The demo's sentence, shortened: 48 notes' vocabulary spells most words by characters.
@@ -129,7 +131,9 @@ def cli_train_args(workdir, cache_dir, extra=()):
 @pytest.mark.slow
 def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
-    report = train.train_and_evaluate(small_config(cache_dir, **SECRET), workdir)
+    # The demo's own model size (SMALL pins tiny for the other tests).
+    size = {"model.size": demo_dp.get_config().model.size}
+    report = train.train_and_evaluate(small_config(cache_dir, **SECRET, **size), workdir)
     # The closing fill-in of the demo's sentence, from the exported model, then the summary.
     out = capsys.readouterr().out.splitlines()
     fill = [l for l in out if l.startswith("fill-in: 'with [MASK] pain .' -> ")]
