@@ -24,7 +24,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from data_pipelines import identity, tokenization
+from data_pipelines import identity, note_cache, tokenization
 from data_pipelines.tokenized_corpus import heldout_draw, tokenize_and_split
 from data_pipelines.datasets import PretrainingDataset
 from data_pipelines.documents import NO_SUBJECT
@@ -408,7 +408,10 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
                 shutil.copyfile(canary_file, cfg.canaries.output_file)
                 canary_file = os.path.abspath(cfg.canaries.output_file)
     else:
-        train, eval_instances, info, canary_list = _build_instances(cfg, tok, privacy_unit)
+        try:
+            train, eval_instances, info, canary_list = _build_instances(cfg, tok, privacy_unit)
+        finally:
+            note_cache.clear()  # the corpus is read: its notes need not stay in memory
         meta = {
             "fingerprint": fingerprint, "corpus": cfg.corpus, **info,
             "content_sha256": train.content_hash(),

@@ -1,0 +1,69 @@
+"""The demo's data stage through its fast paths (ascii_words for the vocabulary's words and for
+encode_batch, note_cache for the reads) gives bit-identical outputs to the reference path (the
+tokenizers Rust components for every note and sentence, the file parsed on every read): the DP
+vocabulary's word counts and report, and every array of the training and held-out instances."""
+
+import json
+
+import numpy as np
+import pytest
+
+from configs import common
+from data_pipelines import (dp_vocab, note_cache, pretraining, synthetic_notes, tokenization,
+                            wordpiece)
+
+
+def _no_fast_paths(monkeypatch):
+    monkeypatch.setattr(wordpiece, "ascii_words", lambda *a: None)
+    monkeypatch.setattr(tokenization, "ascii_words", lambda *a: None)
+    monkeypatch.setattr(note_cache, "MAX_CACHED_CHARS", -1)
+
+
+def _stage(tmp_path, name, vocab_file):
+    """The vocabulary (seeded) and the datasets of one CSV, as the demo makes them."""
+    csv = tmp_path / "notes.csv.gz"
+    out = tmp_path / name
+    result = dp_vocab.build_vocab(csv, "noteevents", 1200, 4.0, 1e-5, 64, out / "vocab",
+                                  seed=11, progress=False)
+    assert (note_cache._ENTRY is None) == (note_cache.MAX_CACHED_CHARS < 0)
+    cfg = common.data_config()
+    cfg.corpus, cfg.paths, cfg.cache_dir = "noteevents", (str(csv),), str(out / "cache")
+    cfg.max_seq_length, cfg.eval_fraction = 32, 0.05
+    train, ev = pretraining.build_datasets(cfg, vocab_file)
+    assert note_cache._ENTRY is None  # dropped once the corpus is read
+    report = json.loads(result.privacy_path.read_text())
+    report.pop("seconds")
+    arrays = {f"{split}.{name}": np.asarray(getattr(ds.instances, name))
+              for split, ds in (("train", train), ("eval", ev))
+              for name in ds.instances._ARRAYS}
+    meta = {k: train.metadata[k] for k in ("fingerprint", "train_documents", "eval_documents",
+                                            "read_stats", "content_sha256")}
+    return result.counts_path.read_text(), report, arrays, meta
+
+
+def test_vocabulary_and_instances_identical_to_the_reference_path(tmp_path, monkeypatch,
+                                                                  notes_vocab):
+    synthetic_notes.write_noteevents_csv(tmp_path / "notes.csv.gz",
+                                         synthetic_notes.generate_synthetic(400, seed=3))
+    note_cache.clear()
+    with monkeypatch.context() as m:
+        _no_fast_paths(m)
+        reference = _stage(tmp_path, "reference", notes_vocab)
+    fast = _stage(tmp_path, "fast", notes_vocab)
+    counts, report, arrays, meta = fast
+    assert counts == reference[0] and counts.count("\n") > 20
+    assert report == reference[1]
+    assert arrays.keys() == reference[2].keys()
+    for name, value in arrays.items():
+        assert value.dtype == reference[2][name].dtype, name
+        np.testing.assert_array_equal(value, reference[2][name], err_msg=name)
+    assert meta == reference[3] and meta["eval_documents"] > 0
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_word_histogram_identical(lower, monkeypatch):
+    texts = [n.text for n in synthetic_notes.generate_notes(300, seed=4)]
+    texts += ["Café naïve x", "ctl\x00chars", "[MASK] token"]
+    fast = dp_vocab.word_histogram(texts, 16, entropy=5, do_lower_case=lower)
+    monkeypatch.setattr(wordpiece, "ascii_words", lambda *a: None)
+    assert fast == dp_vocab.word_histogram(texts, 16, entropy=5, do_lower_case=lower)
