@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import tqdm
 
+from data_pipelines import fast_random
 from data_pipelines.documents import NO_SUBJECT
 from data_pipelines.example_keys import KeyRecorder
 from data_pipelines.tokenized_corpus import TokenizedCorpus
@@ -200,15 +201,22 @@ def _truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int,
     Returns:
       (cut_a_front, cut_a_back, cut_b_front, cut_b_back).
     """
-    cuts = [0, 0, 0, 0]
-    while len_a + len_b > max_num_tokens:
+    draw = rng.random
+    a_front = a_back = b_front = b_back = 0
+    for _ in range(len_a + len_b - max_num_tokens):  # one token per step
         if len_a > len_b:
             len_a -= 1
-            cuts[0 if rng.random() < 0.5 else 1] += 1
+            if draw() < 0.5:
+                a_front += 1
+            else:
+                a_back += 1
         else:
             len_b -= 1
-            cuts[2 if rng.random() < 0.5 else 3] += 1
-    return cuts[0], cuts[1], cuts[2], cuts[3]
+            if draw() < 0.5:
+                b_front += 1
+            else:
+                b_back += 1
+    return a_front, a_back, b_front, b_back
 
 
 class _Maker:
@@ -387,7 +395,7 @@ def _create_global(corpus: TokenizedCorpus, params: InstanceParams, maker: _Make
     num_docs = corpus.num_documents
     if num_docs == 1:
         _log.warning("the corpus has a single document: 'random next' segments come from it")
-    rng = random.Random(params.seed)
+    rng = fast_random.Random(params.seed)  # random.Random's draws, cheaper randint
     doc_first, doc_count = maker.doc_first, maker.doc_count
     doc_keys = corpus.doc_keys.tolist()
     order = list(range(num_docs))

@@ -1,16 +1,19 @@
 """The demo's data stage through its fast paths (ascii_words for the vocabulary's words and for
 encode_batch, note_cache for the reads) gives bit-identical outputs to the reference path (the
 tokenizers Rust components for every note and sentence, the file parsed on every read): the DP
-vocabulary's word counts and report, and every array of the training and held-out instances."""
+vocabulary's word counts and report, and every array of the training and held-out instances.
+The synthetic notes (test_synthetic_notes) and the instances made from a tokenized corpus are
+pinned to what the first implementation gave."""
 
+import hashlib
 import json
 
 import numpy as np
 import pytest
 
 from configs import common
-from data_pipelines import (dp_vocab, note_cache, pretraining, synthetic_notes, tokenization,
-                            wordpiece)
+from data_pipelines import (documents, dp_vocab, instances, note_cache, pretraining,
+                            synthetic_notes, tokenization, tokenized_corpus, wordpiece)
 
 
 def _no_fast_paths(monkeypatch):
@@ -67,3 +70,30 @@ def test_word_histogram_identical(lower, monkeypatch):
     fast = dp_vocab.word_histogram(texts, 16, entropy=5, do_lower_case=lower)
     monkeypatch.setattr(wordpiece, "ascii_words", lambda *a: None)
     assert fast == dp_vocab.word_histogram(texts, 16, entropy=5, do_lower_case=lower)
+
+
+# sha256 of every instance array (names in Instances._ARRAYS order) for 200 synthetic notes
+# (seed 6) with the conftest vocabulary, as the first implementation made them.
+PINNED_INSTANCES = {
+    "example": "fb470eb6ce414b0d5b8720210adcea6237d30afe49c56b719d3b45f2af08f5ad",
+    "note": "f773c3d07d8f5a33557fc24505e6fa796aef17d93b454ad596bee433e41c25f7",
+    "patient": "ae66988c607224f8752204ed7aabf5aadda8c25c9084e7f0a46f8acb8499c67c",
+}
+
+
+def _instances_digest(notes_vocab, privacy_unit: str) -> str:
+    docs = documents.note_documents(synthetic_notes.generate_notes(200, seed=6))
+    tok = tokenization.WordPieceTokenizer(notes_vocab)
+    corpus = tokenized_corpus.tokenize_documents(docs, tok, progress=False)
+    made = instances.create_instances(corpus, instances.InstanceParams(
+        max_seq_length=24, short_seq_prob=0.2, dupe_factor=2, seed=9,
+        privacy_unit=privacy_unit), progress=False)
+    h = hashlib.sha256()
+    for name in made._ARRAYS:
+        h.update(np.ascontiguousarray(getattr(made, name)).tobytes())
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("privacy_unit", sorted(PINNED_INSTANCES))
+def test_instances_are_pinned(notes_vocab, privacy_unit):
+    assert _instances_digest(notes_vocab, privacy_unit) == PINNED_INSTANCES[privacy_unit]
