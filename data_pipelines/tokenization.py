@@ -14,7 +14,9 @@ as the normalizer + pre-tokenizer) and looks each word's pieces up in a per-toke
 (WordPiece splits a word whatever surrounds it); only words not seen yet, and texts with a
 non-ASCII character or a ``[`` (a special token such as ``[MASK]`` may be written in the text),
 go through the Rust pipeline. The ids are the same; the corpus's few thousand distinct words
-cost a few thousand Rust calls instead of one per sentence.
+cost a few thousand Rust calls instead of one per sentence. A text seen before (clinical notes
+repeat many sentences: "No pneumothorax.") is answered from a second, bounded cache, with a
+copy of its ids.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ CONTINUATION_PREFIX = "##"
 MAX_INPUT_CHARS_PER_WORD = 100
 # Words whose pieces one tokenizer remembers (encode_batch); the cache is emptied when full.
 MAX_CACHED_WORDS = 200_000
+# Texts (sentences) whose ids one tokenizer remembers (encode_batch); the first ones seen.
+MAX_CACHED_SENTENCES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +131,7 @@ class WordPieceTokenizer:
         tok.add_special_tokens(list(SPECIAL_TOKENS))
         self._tok = tok
         self._pieces: dict[str, list[int]] = {}  # word -> its ids (encode_batch)
+        self._sentences: dict[str, np.ndarray] = {}  # text -> its ids (encode_batch)
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -139,6 +144,29 @@ class WordPieceTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of many texts (parallel in Rust), each int32 ``[n_i]``, no specials."""
+        if not texts:
+            return []
+        known = self._sentences
+        out: list = [None] * len(texts)
+        todo: dict[str, list[int]] = {}  # text not seen yet -> where it goes in `out`
+        for i, text in enumerate(texts):
+            ids = known.get(text)
+            if ids is None:
+                todo.setdefault(text, []).append(i)
+            else:
+                out[i] = ids.copy()
+        fresh = list(todo)
+        for text, ids in zip(fresh, self._encode_new(fresh)):
+            where = todo[text]
+            out[where[0]] = ids
+            for i in where[1:]:
+                out[i] = ids.copy()
+            if len(known) < MAX_CACHED_SENTENCES:
+                known[text] = ids.copy()
+        return out
+
+    def _encode_new(self, texts: list[str]) -> list[np.ndarray]:
+        """encode_batch without the text cache: ASCII texts by their words' cached pieces."""
         if not texts:
             return []
         lower = self.do_lower_case

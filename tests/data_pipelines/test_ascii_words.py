@@ -68,3 +68,16 @@ def test_encode_batch_cache_is_bounded(notes_vocab, monkeypatch):
         assert tok.encode(text).tolist() == tok.backend.encode(
             text, add_special_tokens=False).ids
         assert len(tok._pieces) <= 6  # one text's words at most, when the cache overflows
+
+
+def test_encode_batch_text_cache_hands_out_copies(notes_vocab, monkeypatch):
+    monkeypatch.setattr(tokenization, "MAX_CACHED_SENTENCES", 2)
+    tok = tokenization.WordPieceTokenizer(notes_vocab)
+    texts = ["no pneumothorax.", "no pneumothorax.", "the heart is normal.", "x y z", "q."]
+    want = [tok.backend.encode(t, add_special_tokens=False).ids for t in texts]
+    for _ in range(2):
+        got = tok.encode_batch(texts)
+        assert [g.tolist() for g in got] == want
+        got[0][:] = 0  # the caller's arrays are its own
+        assert len(tok._sentences) <= 2
+    assert tok.encode(texts[0]).tolist() == want[0]
