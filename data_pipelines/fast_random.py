@@ -1,10 +1,11 @@
 """``random.Random`` with cheaper ``randint`` and ``choice``: the same draws and the same values.
 
 CPython computes ``randint(a, b)`` as ``randrange(a, b + 1)``, i.e. ``a + _randbelow(b - a +
-1)`` after argument checks, and ``choice(seq)`` as ``seq[_randbelow(len(seq))]``. The synthetic
+1)`` after argument checks, and ``choice(seq)`` as ``seq[_randbelow(len(seq))]``, where
+``_randbelow(n)`` draws ``n.bit_length()`` random bits until they are below ``n``. The synthetic
 notes (~100 such calls per note) and BERT's instance creation (a few per sequence) call them
-hundreds of thousands of times; this subclass skips the checks and ``randrange``'s frame, nothing
-else (``_randbelow``, ``random``, ``shuffle``, ``sample`` are ``random.Random``'s). The synthetic
+hundreds of thousands of times; this subclass does the same draws without the checks and the
+two frames in between (``random``, ``shuffle``, ``sample`` are ``random.Random``'s). The synthetic
 notes and the instances are pinned by tests to what ``random.Random`` gave.
 """
 
@@ -18,11 +19,22 @@ class Random(random.Random):
     doc)."""
 
     def randint(self, a: int, b: int) -> int:
-        if b < a:
+        n = b - a + 1
+        if n <= 0:
             return super().randint(a, b)  # its ValueError
-        return a + self._randbelow(b - a + 1)
+        # _randbelow_with_getrandbits(n), inlined: k random bits until a value below n.
+        k = n.bit_length()
+        r = self.getrandbits(k)
+        while r >= n:
+            r = self.getrandbits(k)
+        return a + r
 
     def choice(self, seq):
-        if not len(seq):
+        n = len(seq)
+        if not n:
             raise IndexError("Cannot choose from an empty sequence")
-        return seq[self._randbelow(len(seq))]
+        k = n.bit_length()
+        r = self.getrandbits(k)
+        while r >= n:
+            r = self.getrandbits(k)
+        return seq[r]

@@ -7,12 +7,13 @@ pinned to what the first implementation gave."""
 
 import hashlib
 import json
+import random
 
 import numpy as np
 import pytest
 
 from configs import common
-from data_pipelines import (documents, dp_vocab, instances, note_cache, pretraining,
+from data_pipelines import (documents, dp_vocab, fast_random, instances, note_cache, pretraining,
                             synthetic_notes, tokenization, tokenized_corpus, wordpiece)
 
 
@@ -97,3 +98,18 @@ def _instances_digest(notes_vocab, privacy_unit: str) -> str:
 @pytest.mark.parametrize("privacy_unit", sorted(PINNED_INSTANCES))
 def test_instances_are_pinned(notes_vocab, privacy_unit):
     assert _instances_digest(notes_vocab, privacy_unit) == PINNED_INSTANCES[privacy_unit]
+
+
+def test_fast_random_draws_as_random_random():
+    for seed in (0, 1, "7:note:3", 2**70):
+        ours, ref = fast_random.Random(seed), random.Random(seed)
+        for n in range(1, 300):
+            assert ours.randint(-n, 3 * n) == ref.randint(-n, 3 * n)
+            assert ours.choice("ab" * n) == ref.choice("ab" * n)
+            assert ours.random() == ref.random()
+            assert ours.randint(5, 5) == ref.randint(5, 5)
+        assert ours.getstate() == ref.getstate()
+    with pytest.raises(ValueError):
+        fast_random.Random(0).randint(3, 2)
+    with pytest.raises(IndexError):
+        fast_random.Random(0).choice([])
