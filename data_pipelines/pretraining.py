@@ -396,6 +396,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
     entry = os.path.join(os.path.expanduser(cfg.cache_dir), fingerprint) if cfg.cache_dir else ""
     meta_path = os.path.join(entry, "meta.json") if entry else ""
     if entry and os.path.isfile(meta_path):
+        note_cache.clear()  # nothing to read (a vocabulary built here may have left the notes)
         _log.info("loading pretraining instances from the cache %s", entry)
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
