@@ -253,9 +253,9 @@ each word's pieces and each repeated sentence's ids cached per tokenizer); the N
 parsed and hashed once per process instead of four times (`note_cache`, bounded); sentence
 splitting's capital-letter checks by regex on ASCII lines; `fast_random` (the same draws, fewer
 frames) for the notes and the instances; instance tokens gathered with one index. Worker
-processes (2 for generation, 1 for sentence splitting beside the tokenizer) were measured and
-did not pay on this shared machine (CPU pressure ~97 %: generation 8.8-10.5 s serial vs
-10.9-11.3 s with 2 workers), so the stage stays in one process.
+processes were tried for the note generation and did not pay on this shared machine (CPU
+pressure ~97 %: 40,000 notes 8.8-10.5 s in one process, 10.9-11.3 s with 2 workers), so the
+stage stays in one process (splitting sentences in a worker was not tried after that).
 """
     print(text)
     if _WRITE.value:
