@@ -323,6 +323,9 @@ def _check_fraction(value: float) -> None:
         raise CorpusError(f"max_bad_fraction must be a number in [0, 1], got {value!r}")
 
 
+check_max_bad_fraction = _check_fraction
+
+
 def _finish_document(doc: list[str], stats: ReadStats) -> Iterator[list[str]]:
     """Counts one finished document and yields it unless it is empty."""
     stats.records_read += 1
@@ -462,6 +465,12 @@ def read_noteevents(path: str | os.PathLike[str],
             if note is not None:
                 stats.records_kept += 1
                 yield note
+    check_noteevents_read(stats, max_bad_fraction)
+
+
+def check_noteevents_read(stats: ReadStats, max_bad_fraction: float) -> None:
+    """What ``read_noteevents`` does at the end of the file: the summary logged, a
+    CorpusError for too many bad rows or no note (``note_cache`` replays a read with it)."""
     _log_and_check(stats, stats.skipped_malformed + stats.skipped_bad_utf8,
                    stats.records_read, "rows", max_bad_fraction)
 

@@ -34,7 +34,9 @@ content and its position (32 bytes per record: MIMIC-III's 2.1 M notes take ~70 
 decides; the second streams the records and drops the merged copies by their ordinal. The
 first pass costs one more read of the corpus (NOTEEVENTS and text files: the parse, no
 sentence splitting or tokenization; TFDS sets: the whole read, sentence splitting included);
-a refusal comes before any counting, tokenization or budget.
+a refusal comes before any counting, tokenization or budget. A NOTEEVENTS file small enough
+for ``note_cache`` is parsed once per process: the later passes (and the vocabulary's and the
+pretraining data's reads of one run) replay it from memory.
 
 Fine-tuning is different: there the privacy unit is one labelled row (classification) or one
 document (NER), a duplicated row is two examples, and the task says so and warns with the
@@ -53,7 +55,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from data_pipelines import corpora
+from data_pipelines import corpora, note_cache
 
 RULES = ("refuse", "merge_identical")
 DEFAULT_RULE = "refuse"
@@ -316,11 +318,13 @@ def unique_notes(path: str, stats: corpora.ReadStats | None = None,
                  ) -> Iterator[corpora.Note]:
     """The notes of a NOTEEVENTS file (``corpora.read_noteevents``), one per ROW_ID (module
     doc). Positions are data rows of the file (as in the reader's messages); ``stats`` is
-    filled by the second pass."""
+    filled by the second pass. A file read completely once is replayed from memory
+    (``note_cache``: bounded, one file)."""
     def stream(first: bool) -> Stream:
         st = corpora.ReadStats() if first or stats is None else stats
-        for note in corpora.read_noteevents(path, st, max_bad_fraction):
-            yield note, note.row_id, note_digest(note), 0, st.records_read
+        # note_cache: the file is parsed (and its notes hashed) once per process.
+        for note, digest, position in note_cache.read(path, st, max_bad_fraction, note_digest):
+            yield note, note.row_id, digest, 0, position
 
     return unique(stream, [Source(str(path), NOTE_IDENTITY, "data row")], rule, summary)
 

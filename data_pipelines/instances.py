@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import tqdm
 
+from data_pipelines import fast_random
 from data_pipelines.documents import NO_SUBJECT
 from data_pipelines.example_keys import KeyRecorder
 from data_pipelines.tokenized_corpus import TokenizedCorpus
@@ -200,15 +201,22 @@ def _truncate_seq_pair(len_a: int, len_b: int, max_num_tokens: int,
     Returns:
       (cut_a_front, cut_a_back, cut_b_front, cut_b_back).
     """
-    cuts = [0, 0, 0, 0]
-    while len_a + len_b > max_num_tokens:
+    draw = rng.random
+    a_front = a_back = b_front = b_back = 0
+    for _ in range(len_a + len_b - max_num_tokens):  # one token per step
         if len_a > len_b:
             len_a -= 1
-            cuts[0 if rng.random() < 0.5 else 1] += 1
+            if draw() < 0.5:
+                a_front += 1
+            else:
+                a_back += 1
         else:
             len_b -= 1
-            cuts[2 if rng.random() < 0.5 else 3] += 1
-    return cuts[0], cuts[1], cuts[2], cuts[3]
+            if draw() < 0.5:
+                b_front += 1
+            else:
+                b_back += 1
+    return a_front, a_back, b_front, b_back
 
 
 class _Maker:
@@ -225,7 +233,8 @@ class _Maker:
         self.tokens = corpus.tokens
         self.max_num_tokens = params.max_seq_length - 3
         self.short_seq_prob = params.short_seq_prob
-        self.pieces: list[np.ndarray] = []
+        # Token spans of A and B in corpus.tokens: a_start, a_stop, b_start, b_stop per example.
+        self.spans: list[int] = []
         self.a_lengths: list[int] = []
         self.is_random: list[bool] = []
         self.doc_a: list[int] = []
@@ -235,10 +244,12 @@ class _Maker:
     def __len__(self) -> int:
         return len(self.a_lengths)
 
-    def _gather(self, first_sentence: int, n: int, cut_front: int, cut_back: int) -> np.ndarray:
-        start = self.sent_start[first_sentence]
-        end = self.sent_start[first_sentence + n - 1] + self.sent_len[first_sentence + n - 1]
-        return self.tokens[start + cut_front:end - cut_back]
+    def _span(self, first_sentence: int, n: int, cut_front: int, cut_back: int
+              ) -> tuple[int, int]:
+        """The tokens of sentences ``first_sentence ..`` (n of them), cut at both ends."""
+        last = first_sentence + n - 1
+        return (self.sent_start[first_sentence] + cut_front,
+                self.sent_start[last] + self.sent_len[last] - cut_back)
 
     def document(self, doc: int, rng: random.Random,
                  source: Callable[[int, int, int], tuple[int, int, int] | None]) -> int:
@@ -290,13 +301,12 @@ class _Maker:
                     i += 1
                     continue
                 cfa, cba, cfb, cbb = _truncate_seq_pair(len_a, len_b, max_num_tokens, rng)
-                a = self._gather(c0, a_end, cfa, cba)
-                b = self._gather(b_first, b_n, cfb, cbb)
+                a0, a1 = self._span(c0, a_end, cfa, cba)
+                b0, b1 = self._span(b_first, b_n, cfb, cbb)
                 # Non-empty by construction (the longer segment is cut, max_num_tokens >= 2).
-                assert len(a) >= 1 and len(b) >= 1, (len(a), len(b))
-                self.pieces.append(a)
-                self.pieces.append(b)
-                self.a_lengths.append(len(a))
+                assert a1 > a0 and b1 > b0, (a1 - a0, b1 - b0)
+                self.spans += (a0, a1, b0, b1)
+                self.a_lengths.append(a1 - a0)
                 self.is_random.append(random_next)
                 self.doc_a.append(doc)
                 self.doc_b.append(b_document)
@@ -307,12 +317,17 @@ class _Maker:
 
     def build(self, corpus: TokenizedCorpus, perm: list[int], keys: np.ndarray) -> Instances:
         """The examples in the order ``perm``, with their stable keys (in creation order)."""
-        pieces = self.pieces
-        lengths = np.asarray([len(pieces[2 * k]) + len(pieces[2 * k + 1]) for k in perm],
-                             np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.concatenate([p for k in perm for p in (pieces[2 * k], pieces[2 * k + 1])])
         perm_arr = np.asarray(perm, np.int64)
+        spans = np.asarray(self.spans, np.int64).reshape(-1, 4)[perm_arr]
+        # A then B of each example, back to back: segment s is tokens[starts[s]:stops[s]].
+        starts, stops = spans[:, 0::2].reshape(-1), spans[:, 1::2].reshape(-1)
+        seg_lengths = stops - starts
+        lengths = seg_lengths[0::2] + seg_lengths[1::2]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        seg_offsets = np.concatenate([[0], np.cumsum(seg_lengths)])
+        where = (np.repeat(starts - seg_offsets[:-1], seg_lengths)
+                 + np.arange(int(seg_offsets[-1]), dtype=np.int64))
+        flat = np.asarray(self.tokens)[where]
         doc_a_arr = np.asarray(self.doc_a, np.int32)[perm_arr]
         doc_b_arr = np.asarray(self.doc_b, np.int32)[perm_arr]
         sent = np.asarray(self.sentences, np.int64).reshape(-1, 4)[perm_arr]
@@ -387,7 +402,7 @@ def _create_global(corpus: TokenizedCorpus, params: InstanceParams, maker: _Make
     num_docs = corpus.num_documents
     if num_docs == 1:
         _log.warning("the corpus has a single document: 'random next' segments come from it")
-    rng = random.Random(params.seed)
+    rng = fast_random.Random(params.seed)  # random.Random's draws, cheaper randint
     doc_first, doc_count = maker.doc_first, maker.doc_count
     doc_keys = corpus.doc_keys.tolist()
     order = list(range(num_docs))

@@ -24,7 +24,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from data_pipelines import identity, tokenization
+from data_pipelines import identity, note_cache, tokenization
 from data_pipelines.tokenized_corpus import heldout_draw, tokenize_and_split
 from data_pipelines.datasets import PretrainingDataset
 from data_pipelines.documents import NO_SUBJECT
@@ -396,6 +396,7 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
     entry = os.path.join(os.path.expanduser(cfg.cache_dir), fingerprint) if cfg.cache_dir else ""
     meta_path = os.path.join(entry, "meta.json") if entry else ""
     if entry and os.path.isfile(meta_path):
+        note_cache.clear()  # nothing to read (a vocabulary built here may have left the notes)
         _log.info("loading pretraining instances from the cache %s", entry)
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
@@ -408,7 +409,10 @@ def build_datasets(data_config: ml_collections.ConfigDict, vocab_file: str | os.
                 shutil.copyfile(canary_file, cfg.canaries.output_file)
                 canary_file = os.path.abspath(cfg.canaries.output_file)
     else:
-        train, eval_instances, info, canary_list = _build_instances(cfg, tok, privacy_unit)
+        try:
+            train, eval_instances, info, canary_list = _build_instances(cfg, tok, privacy_unit)
+        finally:
+            note_cache.clear()  # the corpus is read: its notes need not stay in memory
         meta = {
             "fingerprint": fingerprint, "corpus": cfg.corpus, **info,
             "content_sha256": train.content_hash(),

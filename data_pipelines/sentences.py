@@ -64,12 +64,28 @@ _HAS_WORD = re.compile(r"[A-Za-z0-9]")
 _SHORT_LINE = 40
 
 
+# ASCII text: at least two letters; a lower-case letter. Where a line is ASCII, these decide
+# "two letters or more, all upper case" without a Python loop over its characters.
+_TWO_LETTERS = re.compile(r"[A-Za-z][^A-Za-z]*[A-Za-z]")
+_LOWER = re.compile(r"[a-z]")
+
+
+def _two_letters_all_upper(text: str) -> tuple[bool, bool]:
+    """(``text`` has at least two letters, they are all upper case)."""
+    if text.isascii():
+        if _TWO_LETTERS.search(text) is None:
+            return False, False
+        return True, _LOWER.search(text) is None
+    letters = [c for c in text if c.isalpha()]
+    return len(letters) >= 2, all(c.isupper() for c in letters)
+
+
 def _is_header_label(label: str) -> bool:
     """True when `label` looks like a section header (all caps, or short Title Case phrase)."""
-    letters = [c for c in label if c.isalpha()]
-    if len(letters) < 2:
+    two, upper = _two_letters_all_upper(label)
+    if not two:
         return False
-    if all(c.isupper() for c in letters):
+    if upper:
         return True
     words = label.split()
     if len(words) > 5:
@@ -80,9 +96,10 @@ def _is_header_label(label: str) -> bool:
 
 def _is_title_line(line: str) -> bool:
     """An all-capitals line without end punctuation ("FINAL REPORT")."""
-    letters = [c for c in line if c.isalpha()]
-    return (len(letters) >= 2 and all(c.isupper() for c in letters) and len(line) <= 80
-            and line[-1] not in ".!?:")
+    if not line or len(line) > 80 or line[-1] in ".!?:":
+        return False
+    two, upper = _two_letters_all_upper(line)
+    return two and upper
 
 
 def _blocks(text: str) -> list[str]:

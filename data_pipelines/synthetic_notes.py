@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import datetime
+import functools
 import gzip
 import io
 import os
@@ -34,7 +35,7 @@ import random
 import textwrap
 from collections.abc import Iterable, Iterator
 
-from data_pipelines import corpora, sentences
+from data_pipelines import corpora, fast_random, sentences
 from data_pipelines import synthetic_tables as T
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +67,10 @@ class SyntheticNote:
 
 def _rng_for(seed: int, *key: object) -> random.Random:
     """An independent Random for (seed, key): note i does not depend on how many are made."""
-    return random.Random(f"{seed}:" + ":".join(map(str, key)))
+    return fast_random.Random(f"{seed}:" + ":".join(map(str, key)))
 
 
+@functools.lru_cache(maxsize=1024)  # a patient's notes are consecutive
 def _patient(seed: int, subject_id: int) -> _Patient:
     rng = _rng_for(seed, "patient", subject_id)
     sex = rng.choice("MF")

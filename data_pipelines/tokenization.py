@@ -8,6 +8,15 @@ stripping), BERT pre-tokenizer (split on whitespace and punctuation), WordPiece 
 the pretraining stage places ``[CLS]``/``[SEP]`` itself.
 
 Token ids are returned as NumPy ``int32`` arrays.
+
+``encode_batch`` splits pure-ASCII texts into words in Python (``ascii_words``: the same words
+as the normalizer + pre-tokenizer) and looks each word's pieces up in a per-tokenizer cache
+(WordPiece splits a word whatever surrounds it); only words not seen yet, and texts with a
+non-ASCII character or a ``[`` (a special token such as ``[MASK]`` may be written in the text),
+go through the Rust pipeline. The ids are the same; the corpus's few thousand distinct words
+cost a few thousand Rust calls instead of one per sentence. A text seen before (clinical notes
+repeat many sentences: "No pneumothorax.") is answered from a second, bounded cache, with a
+copy of its ids.
 """
 
 from __future__ import annotations
@@ -21,10 +30,16 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
+from data_pipelines.ascii_words import ascii_words
+
 # The special tokens every BERT vocab must contain (BERT's order; ids are read from the file).
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION_PREFIX = "##"
 MAX_INPUT_CHARS_PER_WORD = 100
+# Words whose pieces one tokenizer remembers (encode_batch); the cache is emptied when full.
+MAX_CACHED_WORDS = 200_000
+# Texts (sentences) whose ids one tokenizer remembers (encode_batch); the first ones seen.
+MAX_CACHED_SENTENCES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +130,8 @@ class WordPieceTokenizer:
         # BertTokenizerFast does.
         tok.add_special_tokens(list(SPECIAL_TOKENS))
         self._tok = tok
+        self._pieces: dict[str, list[int]] = {}  # word -> its ids (encode_batch)
+        self._sentences: dict[str, np.ndarray] = {}  # text -> its ids (encode_batch)
 
     @property
     def backend(self) -> tokenizers.Tokenizer:
@@ -129,8 +146,54 @@ class WordPieceTokenizer:
         """Token ids of many texts (parallel in Rust), each int32 ``[n_i]``, no specials."""
         if not texts:
             return []
-        encodings = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        known = self._sentences
+        out: list = [None] * len(texts)
+        todo: dict[str, list[int]] = {}  # text not seen yet -> where it goes in `out`
+        for i, text in enumerate(texts):
+            ids = known.get(text)
+            if ids is None:
+                todo.setdefault(text, []).append(i)
+            else:
+                out[i] = ids.copy()
+        fresh = list(todo)
+        for text, ids in zip(fresh, self._encode_new(fresh)):
+            where = todo[text]
+            out[where[0]] = ids
+            for i in where[1:]:
+                out[i] = ids.copy()
+            if len(known) < MAX_CACHED_SENTENCES:
+                known[text] = ids.copy()
+        return out
+
+    def _encode_new(self, texts: list[str]) -> list[np.ndarray]:
+        """encode_batch without the text cache: ASCII texts by their words' cached pieces."""
+        if not texts:
+            return []
+        lower = self.do_lower_case
+        words = [None if "[" in t else ascii_words(t, lower) for t in texts]
+        pieces = self._pieces
+        new = {w for ws in words if ws is not None for w in ws if w not in pieces}
+        if len(pieces) + len(new) > MAX_CACHED_WORDS:
+            pieces.clear()
+            new = {w for ws in words if ws is not None for w in ws}
+        if new:
+            new_words = sorted(new)
+            for w, e in zip(new_words, self._tok.encode_batch_fast(
+                    new_words, add_special_tokens=False)):
+                pieces[w] = e.ids
+        others = [t for t, ws in zip(texts, words) if ws is None]
+        encoded = iter(self._tok.encode_batch_fast(others, add_special_tokens=False)
+                       if others else ())
+        out = []
+        for ws in words:
+            if ws is None:
+                out.append(np.asarray(next(encoded).ids, dtype=np.int32))
+                continue
+            ids: list[int] = []
+            for w in ws:
+                ids += pieces[w]
+            out.append(np.asarray(ids, dtype=np.int32))
+        return out
 
     def tokenize(self, text: str) -> list[str]:
         """Word pieces (strings) of one text."""

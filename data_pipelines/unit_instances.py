@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from data_pipelines import fast_random
 from data_pipelines.documents import NO_SUBJECT
 from data_pipelines.example_keys import KeyRecorder, identity_hash
 from data_pipelines.tokenized_corpus import TokenizedCorpus
@@ -69,7 +70,7 @@ def create_unit_local(corpus: TokenizedCorpus, params: InstanceParams, maker: _M
     perm: list[int] = []
     for ident in order:
         docs = members[ident]
-        rng = random.Random(identity_hash("instances", params.seed, kind, ident))
+        rng = fast_random.Random(identity_hash("instances", params.seed, kind, ident))
         source = _unit_source(docs, rng, maker.doc_first, maker.doc_count)
         first = len(maker)
         for dupe_pass in range(params.dupe_factor):

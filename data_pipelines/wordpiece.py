@@ -13,6 +13,7 @@ from typing import Iterator, Mapping
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from data_pipelines.ascii_words import ascii_words
 from data_pipelines.vocab_privacy import VocabError
 
 # BERT's own layout: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102,
@@ -46,9 +47,14 @@ class WordSplitter:
             clean_text=True, handle_chinese_chars=True, strip_accents=None,
             lowercase=do_lower_case)
         self.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self.do_lower_case = do_lower_case
 
     def __call__(self, text: str) -> list[str]:
         """Returns the words of ``text`` in order (with repeats)."""
+        # Pure ASCII: the same words without the Rust calls (``ascii_words``).
+        words = ascii_words(text, self.do_lower_case)
+        if words is not None:
+            return words
         # One call per example: the pre-tokenizer splits on newlines like on spaces.
         return [w for w, _ in self.pre_tokenizer.pre_tokenize_str(
             self.normalizer.normalize_str(text))]

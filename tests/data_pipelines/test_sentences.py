@@ -1,9 +1,11 @@
 """Tests for data_pipelines.sentences (clinical sentence splitting)."""
 
+import random
+
 import pytest
 
 from data_pipelines import corpora
-from data_pipelines.sentences import split_sentences
+from data_pipelines.sentences import _two_letters_all_upper, split_sentences
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -82,3 +84,17 @@ def test_noteevents_sample_splits_sanely(shared_data):
         assert not any(s in ("IMPRESSION:", "FINDINGS:") for s in sents[:-1])
     assert 4 < total / len(notes) < 40
     assert lower_starts / total < 0.02  # wrapped lines are joined, not split mid-sentence
+
+
+def test_letter_checks_match_the_per_character_rule():
+    """_two_letters_all_upper (regexes on ASCII text) == the per-character rule it replaced."""
+    rng = random.Random(0)
+    alphabet = "aAbZz09 .:-_/#'()\u00e9\u00c9\u4e2d\u00df\u0130"
+    samples = ["", "A", "AB", "A1B", "Ab", "ÉCHO", "Échos", "中文 AB", "ß", "FINAL REPORT"]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+                for _ in range(5000)]
+    for text in samples:
+        letters = [c for c in text if c.isalpha()]
+        want = (len(letters) >= 2, all(c.isupper() for c in letters))
+        got = _two_letters_all_upper(text)
+        assert got[0] == want[0] and (not want[0] or got[1] == want[1]), repr(text)
