@@ -32,7 +32,10 @@ def minilm() -> pathlib.Path:
 def run_logged(cmd: list[str], log: pathlib.Path) -> None:
     """Runs `cmd` from the repository root with its output in `log`; raises with the log's
     tail if it fails."""
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # The repository first, then the caller's PYTHONPATH (packages installed beside the
+    # environment, e.g. the device scripts' /tmp/site, must reach the subprocess too).
+    extra = os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + (os.pathsep + extra if extra else ""))
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode:

@@ -23,6 +23,9 @@ from dpbert import prng
 
 _PER_LEAF = flags.DEFINE_bool("quick_per_leaf", False, "--quick: also compile the DP step "
                               "with its noise drawn leaf by leaf.")
+_SIGMA0 = flags.DEFINE_bool("quick_sigma0", False, "--quick: also time the DP step with "
+                            "sigma = 0 (clipping without the noise), to split the DP step's "
+                            "extra time between the clipping and the noise.")
 _MAX_COMPILES = flags.DEFINE_integer("quick_max_compiles", 2, "--quick: compiles per step in "
                                      "the search of the largest batch.")
 
@@ -45,6 +48,8 @@ def bench(ds, preset: str, devices: int) -> dict:
     clipper = ds.default_clipper()
     tag = f"[quick {preset} x{bench_.devices}]"
     steps = {"plain": bench_.plain_step(b), "dp": bench_.dp_step(clipper, b)}
+    if _SIGMA0.value:
+        steps["dp_sigma0"] = bench_.dp_step(clipper, b, noise_multiplier=0.0)
     compiled, compile_s = {}, {}
     for name, (fn, args) in steps.items():
         compiled[name], compile_s[name] = ds.Bench.compile(fn, args)
@@ -56,6 +61,10 @@ def bench(ds, preset: str, devices: int) -> dict:
         _log(f"{tag} dp with the noise drawn leaf by leaf compiled in {per_leaf_s:.1f} s")
     times = ({} if ds._COMPILE_ONLY.value
              else ds.time_interleaved(steps, compiled, ds._ROUNDS.value))
+    if times:  # logged before the search, so a part cut short by its timeout still has them
+        _log(f"{tag} step s: " + ", ".join(f"{k} {statistics.median(v):.4f}"
+                                           for k, v in times.items())
+             + f" (median of {len(times['dp'])} rounds)")
     cap = ds.memory_cap(preset)
     search = max(ds._SEARCH_BATCH.value, bench_.devices)
     makers = {"plain": lambda m, n: bench_.plain_step(m, n),
@@ -67,7 +76,7 @@ def bench(ds, preset: str, devices: int) -> dict:
            "clipper": clipper, "generator": prng.generator(),
            "noise_flat": bool(bench_.aggregator(clipper).noise_flat),
            "memory_cap_mib": cap / MIB, "versions": versions()}
-    for name in steps:
+    for name in ("plain", "dp"):
         found = (ds.largest_microbatch(makers[name], search, bench_.devices, cap,
                                        (b, ds.temp_bytes(compiled[name])), _MAX_COMPILES.value)
                  if ds._SEARCH.value else (None, None, 0))
@@ -84,6 +93,12 @@ def bench(ds, preset: str, devices: int) -> dict:
     row["max_batch_ratio"] = ratio("max_batch")
     row["time_ratio"] = (statistics.median([d / p for d, p in zip(times["dp"], times["plain"])])
                          if times else None)
+    if "dp_sigma0" in steps:  # the search is for the two steps above only
+        row["dp_sigma0"] = {"compile_s": compile_s["dp_sigma0"],
+                            "temp_mib": ds.temp_bytes(compiled["dp_sigma0"]) / MIB,
+                            "s": statistics.median(times["dp_sigma0"]) if times else None}
+        row["sigma0_time_ratio"] = (statistics.median(
+            [z / p for z, p in zip(times["dp_sigma0"], times["plain"])]) if times else None)
     if per_leaf_s is not None:
         row["per_leaf_compile_s"] = per_leaf_s
         row["per_leaf_compile_ratio"] = per_leaf_s / compile_s["plain"]

@@ -72,6 +72,7 @@ part() {
   else
     log "start $name (limit $limit s)"
     t0=$(date +%s)
+    touch "$PARTS/$name.start"
     # timeout leads its own process group: after it, whatever the part started and left
     # running (a launcher's subprocess finishing a checkpoint on SIGTERM) is killed, so it
     # cannot hold the accelerator or a workdir's lock in the next part.
@@ -80,6 +81,10 @@ part() {
     wait $pid
     rc=$?
     kill -KILL -- "-$pid" 2>/dev/null
+    if [ $rc != 0 ]; then  # the logs its launchers wrote in $WORK (gone with acc_done)
+      find "$WORK" -name '*.log' -newer "$PARTS/$name.start" 2>/dev/null | head -n 3 |
+        while read -r f; do echo "--- ${f#"$WORK"/}"; tail -n 15 "$f"; done >> "$PARTS/$name.log"
+    fi
     log "end $name: rc $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo ' (timed out)')"
     echo "{\"rc\": $rc, \"seconds\": $(( $(date +%s) - t0 )), \"limit_s\": $limit}" \
       > "$PARTS/$name.meta.json"

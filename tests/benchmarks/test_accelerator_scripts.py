@@ -52,3 +52,34 @@ def test_finetune_reads_results(tmp_path):
     row = collect.finetune(str(tmp_path))
     assert row["eval_accuracy"] == 0.8 and row["epsilon"] == 8.0
     assert row["noise_to_signal"] == pytest.approx(1.0)   # σ √d / B = 1 · 1024 / 1024
+
+
+def test_part_keeps_the_launchers_logs_of_a_failed_part(tmp_path):
+    """common.sh: a part that fails (or times out) leaves the tail of the logs its launchers wrote in
+    $WORK (removed by acc_done) in its own log, hence in NAME.json."""
+    script = tmp_path / "t.sh"
+    script.write_text(
+        f"set -u; cd {ROOT}\nsource benchmarks/accelerator/common.sh\n"
+        "acc_init tcommon '' 60 60\n"
+        "part slow 15 bash -c 'mkdir -p $WORK/runs; echo launcher-said-this > $WORK/runs/x.log;"
+        " exit 3'\nacc_done\n")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
+           "HOME": str(tmp_path)}
+    subprocess.run(["bash", str(script)], check=True, env=env, capture_output=True)
+    part = json.loads((tmp_path / "out" / "tcommon.json").read_text())["slow"]
+    assert part["rc"] == 3
+    assert "runs/x.log" in part["log_tail"] and "launcher-said-this" in part["log_tail"]
+
+
+def test_run_logged_keeps_the_callers_pythonpath(tmp_path, monkeypatch):
+    """Packages installed beside the environment (the device scripts' /tmp/site) reach the
+    launchers that the benchmarks start (a device run lost ml_collections without it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_report  # noqa: PLC0415
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    log = tmp_path / "run.log"
+    bench_report.run_logged([sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])"],
+                            log)
+    paths = log.read_text().strip().split(":")
+    assert paths == [str(ROOT), str(tmp_path / "site")]
