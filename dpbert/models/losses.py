@@ -154,7 +154,8 @@ def prob_target(mlm_logits: jax.Array, example: Example) -> tuple[jax.Array, jax
 
 
 def mlm_nsp_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, example: Example,
-                 mlm_target: str | MlmTarget = "vanilla") -> tuple[jax.Array, Metrics]:
+                 mlm_target: str | MlmTarget = "vanilla", nsp: bool = True
+                 ) -> tuple[jax.Array, Metrics]:
     """BERT's pretraining objective for one example.
 
     Args:
@@ -163,8 +164,10 @@ def mlm_nsp_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, example: Example,
       example: `masked_lm_ids` [P], `masked_lm_weights` [P], `next_sentence_labels` [], plus
         whatever the MLM target reads.
       mlm_target: a registered target name (default "vanilla" = plain BERT on plain batches).
+      nsp: add the NSP cross-entropy to the loss (`train.nsp`); without it the loss is the MLM
+        loss alone (the NSP metrics are still reported, of an untrained head).
     Returns:
-      loss: mean MLM loss over the example's real predictions + NSP cross-entropy.
+      loss: mean MLM loss over the example's real predictions (+ NSP cross-entropy).
       metrics: per-example sums (mlm_loss_sum, mlm_correct, mlm_weight, nsp_loss, nsp_correct,
         count), safe to add over a batch.
     """
@@ -185,7 +188,7 @@ def mlm_nsp_loss(mlm_logits: jax.Array, nsp_logits: jax.Array, example: Example,
         "nsp_correct": (jnp.argmax(nsp_logits, axis=-1) == nsp_label).astype(jnp.float32),
         "count": jnp.ones((), jnp.float32),
     }
-    return mlm_loss + nsp_loss, metrics
+    return (mlm_loss + nsp_loss if nsp else mlm_loss), metrics
 
 
 def _is_word_embedding(path: tuple[Any, ...]) -> bool:
@@ -221,15 +224,16 @@ def frozen_parameter_mask(params: Any, frozen_word_embedding: bool = True) -> An
 
 
 def make_pretraining_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False,
-                          mlm_target: str = "vanilla", frozen_word_embedding: bool = False
-                          ) -> LossFn:
+                          mlm_target: str = "vanilla", frozen_word_embedding: bool = False,
+                          nsp: bool = True) -> LossFn:
     """A pure per-example loss `loss_fn(params, example, rng) -> (loss, metrics)`.
 
     `params` is the `nnx.State` from `nnx.split(model)`; `example` is one unbatched example;
     `rng` drives dropout (ignored when `deterministic`). If the example carries
     `word_embeddings` [S, H] (dχ token_rep), the model consumes them instead of looking up
     `input_ids`. `mlm_target` names a registered target; `frozen_word_embedding` stops the
-    gradient of the (tied) word-embedding table (privacy-adaptive pretraining).
+    gradient of the (tied) word-embedding table (privacy-adaptive pretraining); `nsp=False`
+    leaves the NSP loss out (`mlm_nsp_loss`).
     """
     target = get_mlm_target(mlm_target)
 
@@ -242,7 +246,7 @@ def make_pretraining_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False
                     batch["masked_lm_positions"], deterministic=deterministic,
                     rngs=None if deterministic else nnx.Rngs(dropout=rng),
                     word_embeddings=batch.get("word_embeddings"))
-        return mlm_nsp_loss(out.mlm_logits[0], out.nsp_logits[0], example, target)
+        return mlm_nsp_loss(out.mlm_logits[0], out.nsp_logits[0], example, target, nsp)
 
     return loss_fn
 
@@ -275,12 +279,14 @@ class FactoredPretrainingLoss:
       deterministic: dropout off.
       mlm_target: a registered MLM target name.
       frozen_word_embedding: E gets no gradient at all (dχ privacy-adaptive pretraining).
+      nsp: the NSP loss is part of the loss (`mlm_nsp_loss`).
     """
 
     graphdef: nnx.GraphDef
     deterministic: bool = False
     mlm_target: str = "vanilla"
     frozen_word_embedding: bool = False
+    nsp: bool = True
     # Path names of E in the parameter pytree (`dpbert.dp.trees.path_names` form).
     table_path: tuple[str, ...] = WORD_EMBEDDING_PATH
     # Path names of the position table P, used as P[:S] added to the input vectors.
@@ -293,7 +299,8 @@ class FactoredPretrainingLoss:
     def _reference(self) -> LossFn:
         return make_pretraining_loss(self.graphdef, deterministic=self.deterministic,
                                      mlm_target=self.mlm_target,
-                                     frozen_word_embedding=self.frozen_word_embedding)
+                                     frozen_word_embedding=self.frozen_word_embedding,
+                                     nsp=self.nsp)
 
     def __call__(self, params: nnx.State, example: Example, rng: jax.Array
                  ) -> tuple[jax.Array, Metrics]:
@@ -375,15 +382,16 @@ class FactoredPretrainingLoss:
                             preferred_element_type=jnp.float32)
         logits = logits + head.bias[...] + probe
         nsp_logits = model.cls.seq_relationship(pooled)[0].astype(jnp.float32)
-        loss, metrics = mlm_nsp_loss(logits, nsp_logits, example, get_mlm_target(self.mlm_target))
+        loss, metrics = mlm_nsp_loss(logits, nsp_logits, example,
+                                     get_mlm_target(self.mlm_target), self.nsp)
         return loss, (metrics, f.astype(jnp.float32))
 
 
 def make_factored_pretraining_loss(graphdef: nnx.GraphDef, *, deterministic: bool = False,
                                    mlm_target: str = "vanilla",
-                                   frozen_word_embedding: bool = False
+                                   frozen_word_embedding: bool = False, nsp: bool = True
                                    ) -> FactoredPretrainingLoss:
     """`make_pretraining_loss` with the same arguments, plus the factored view of the tied word
     embedding (see `FactoredPretrainingLoss`); use it with `dpbert.dp.TiedEmbeddingClipper`."""
     return FactoredPretrainingLoss(graphdef, deterministic=deterministic, mlm_target=mlm_target,
-                                   frozen_word_embedding=frozen_word_embedding)
+                                   frozen_word_embedding=frozen_word_embedding, nsp=nsp)

@@ -82,12 +82,15 @@ def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def run_signature(config_dict: Mapping[str, Any],
                   ignore: Iterable[str] = RESUMABLE_FIELDS) -> dict[str, Any]:
     """The flattened config minus the fields a resumed run may change (JSON-normalised).
-    With dp.mechanism="dpsgd" (the default) BandMF's fields are left out as well, so that a
-    checkpoint written before they existed still resumes."""
+    With dp.mechanism="dpsgd" (the default) BandMF's fields are left out as well, and
+    train.nsp when True (the default), so that a checkpoint written before they existed still
+    resumes."""
     ignored = set(ignore)
     flat = flatten_config(config_dict)
     if flat.get("dp.mechanism", "dpsgd") == "dpsgd":
         ignored |= {"dp.mechanism", "dp.num_bands"}
+    if flat.get("train.nsp", True) is True:  # the default, also of checkpoints without it
+        ignored.add("train.nsp")
     return json.loads(json.dumps({k: v for k, v in flat.items() if k not in ignored},
                                  default=str))
 

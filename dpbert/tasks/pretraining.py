@@ -43,6 +43,12 @@ from dpbert.errors import ConfigError, need
 
 _DCHI_STREAM = 0x0D1  # key domain of dχ privatization (apart from the DP engine's streams)
 _EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never reaches
+# What only the NSP loss trains (path names): frozen when train.nsp is False.
+NSP_ONLY_PATHS = ("seq_relationship", "pooler")
+NO_NSP_CARD = ("## Next-sentence head\n\nPretrained with the masked-LM loss alone "
+               "(`train.nsp=False`): the next-sentence head (`cls.seq_relationship`) and the "
+               "pooler it reads were not trained and keep their random initial values. "
+               "Fine-tuning that reads the pooled output trains the pooler with its head.")
 
 
 def _one_sequence_per_unit(config) -> bool:
@@ -146,14 +152,17 @@ class PretrainingTask:
         return build_model(config, len(tokenization.load_vocab(data.extra["vocab_file"])))
 
     def trainable(self, config):
-        # dχ: the user-side word embedding (and the decoder tied to it) is frozen.
-        return (trees.freeze_paths_containing("word_embeddings")
-                if config.dchi.mechanism != "none" else None)
+        # dχ: the user-side word embedding (and the decoder tied to it) is frozen. Without the
+        # NSP loss (train.nsp=False) its head and the pooler it reads get no gradient: frozen,
+        # so they get no noise either and are not in the d of σ·√d/B.
+        frozen = (("word_embeddings",) if config.dchi.mechanism != "none" else ()) + (
+            () if config.train.get("nsp", True) else NSP_ONLY_PATHS)
+        return trees.freeze_paths_containing(*frozen) if frozen else None
 
     def loss(self, graphdef, config, shape: str, data: loop.TaskData):
         frozen = config.dchi.mechanism != "none"
         kw = dict(deterministic=False, mlm_target=config.mlm_target,
-                  frozen_word_embedding=frozen)
+                  frozen_word_embedding=frozen, nsp=config.train.get("nsp", True))
         if shape == "factored":
             return losses.make_factored_pretraining_loss(graphdef, **kw)
         loss_fn = losses.make_pretraining_loss(graphdef, **kw)
@@ -189,7 +198,8 @@ class PretrainingTask:
 
     def eval_step(self, graphdef, config, data: loop.TaskData):
         loss_fn = losses.make_pretraining_loss(graphdef, deterministic=True,
-                                               mlm_target=config.mlm_target)
+                                               mlm_target=config.mlm_target,
+                                               nsp=config.train.get("nsp", True))
 
         def step(params, batch, mask):
             keys = jnp.zeros((mask.shape[0], 2), jnp.uint32)
@@ -217,6 +227,7 @@ class PretrainingTask:
                 "max_seq_length": data.max_seq_length,
                 "init_from_hf": config.model.init_from_hf or None,
                 "fill_mask": config.get("fill_mask") or None,
+                "nsp": bool(config.train.get("nsp", True)),
                 # Into the run's report, so the export's card and report keep them.
                 "report_fields": _adaptive_fields(config)}
 
@@ -234,7 +245,9 @@ class PretrainingTask:
                                           do_lower_case=run["do_lower_case"],
                                           model_max_length=run["max_seq_length"],
                                           privacy_report=report,
-                                          source=run.get("init_from_hf"))
+                                          source=run.get("init_from_hf"),
+                                          card_sections=(() if run.get("nsp", True)
+                                                         else (NO_NSP_CARD,)))
         if run.get("fill_mask"):  # checked in `prepare`; never fails a finished export
             try:
                 guesses = fill_mask(model, tokenization.WordPieceTokenizer(

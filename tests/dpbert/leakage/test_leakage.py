@@ -33,7 +33,7 @@ from tests.dpbert.tasks.test_pretraining import REPO, override
 LEAK = {
     "data.synthetic_num_notes": 16, "data.eval_fraction": 0.0, "data.max_seq_length": 32,
     "data.max_predictions_per_seq": 5, "model.max_position_embeddings": 32,
-    "model.size": "tiny", "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0,
+    "model.size": "tiny", "train.nsp": True, "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0,
     "data.canaries.enabled": True, "data.canaries.repetitions": (0, 100),
     "data.canaries.per_setting": 3, "batch.expected_batch_size": 16,
     "batch.physical_batch_size": 16, "batch.microbatch_size": 16, "dp.delta": 1e-6,

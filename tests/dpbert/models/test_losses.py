@@ -170,6 +170,28 @@ def test_default_loss_is_plain_bert_mlm_plus_nsp(tiny):
     assert float(m["mlm_loss_sum"]) == pytest.approx(mlm * PRED, rel=1e-5)
 
 
+def test_without_nsp_the_loss_is_the_mlm_loss_in_both_forms(tiny):
+    """train.nsp=False: the plain and the factored loss (the ghost clippers') are the MLM loss
+    alone, with the same metrics as with NSP, and the NSP head gets no gradient."""
+    _, graphdef, params = tiny
+    ex = unbatch(batch_of(1))
+    key = jax.random.key(0)
+    with_nsp, m_with = losses.make_pretraining_loss(graphdef, deterministic=True)(
+        params, ex, key)
+    for make in (losses.make_pretraining_loss, losses.make_factored_pretraining_loss):
+        loss_fn = make(graphdef, deterministic=True, nsp=False)
+        loss, m = loss_fn(params, ex, key)
+        mlm = float(m["mlm_loss_sum"]) / float(m["mlm_weight"])
+        assert float(loss) == pytest.approx(mlm, rel=1e-6)
+        assert float(with_nsp) == pytest.approx(mlm + float(m["nsp_loss"]), rel=1e-5)
+        for k in m_with:
+            assert float(m[k]) == pytest.approx(float(m_with[k]), rel=1e-6), k
+    grads = jax.grad(lambda p: losses.make_pretraining_loss(
+        graphdef, deterministic=True, nsp=False)(p, ex, key)[0])(params)
+    assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(grads["cls"]["seq_relationship"]))
+    assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(grads["bert"]["pooler"]))
+
+
 def test_word_embeddings_field_replaces_the_lookup(tiny):
     model, graphdef, params = tiny
     ex = unbatch(batch_of(1))

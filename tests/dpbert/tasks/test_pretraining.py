@@ -46,8 +46,9 @@ SMALL = {
     "vocab.seed": 0, "dp.insecure_seeded_noise": True,
     # The demo trains without dropout; these tests check the dropout keys' handling.
     "model.hidden_dropout_prob": 0.1, "model.attention_probs_dropout_prob": 0.1,
-    # The model these tests were written for (the demo's is micro since issue 36).
-    "model.size": "tiny",
+    # The model these tests were written for (the demo's is micro since issue 36), with the
+    # NSP loss (the demo trains MLM only).
+    "model.size": "tiny", "train.nsp": True,
     # The old demo's vocabulary budget, which the refusal tests' numbers are computed for.
     "vocab.epsilon": 2.0, "vocab.delta": 1e-6,
     # The demo's sentence, shortened: 48 notes' vocabulary spells most words by characters.
@@ -131,8 +132,10 @@ def cli_train_args(workdir, cache_dir, extra=()):
 @pytest.mark.slow
 def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
-    # The demo's own model size (SMALL pins tiny for the other tests).
-    size = {"model.size": demo_dp.get_config().model.size}
+    # The demo's own model size and loss (SMALL pins tiny with NSP for the other tests).
+    demo = demo_dp.get_config()
+    size = {"model.size": demo.model.size, "train.nsp": demo.train.nsp}
+    assert demo.train.nsp is False
     report = train.train_and_evaluate(small_config(cache_dir, **SECRET, **size), workdir)
     # The closing fill-in of the demo's sentence, from the exported model, then the summary.
     out = capsys.readouterr().out.splitlines()
@@ -187,6 +190,13 @@ def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     card = (workdir / "hf" / "README.md").read_text()
     assert saved["headline"] in card and f"({saved['epsilon']:.3g}, " in saved["headline"]
+    # MLM only: the NSP head and the pooler were frozen (not in d) and the card says so.
+    trained = json.loads((workdir / "run.json").read_text())["trainable"]
+    assert not any("pooler" in g or "seq_relationship" in g for g in trained["groups"]), trained
+    pooler = sum(np.asarray(v).size for k, v in model.state_dict().items()
+                 if "pooler" in k or "seq_relationship" in k)
+    assert trained["parameters"] == trained["total_parameters"] - pooler
+    assert "## Next-sentence head" in card and "`train.nsp=False`" in card
     assert "one training sequence of at most 32 tokens" in card
     assert "follows only by group privacy" in card
     assert "| vocabulary.epsilon |" in card and '"dp": true' not in card  # fields, not JSON
