@@ -3,7 +3,7 @@ r"""DP-SGD privacy accounting from the command line (dp_accounting underneath).
     python launch/privacy.py epsilon --num_examples=N --batch_size=B \
         --noise_multiplier=S --steps=T --delta=D [--accountant=pld|rdp] \
         [--sampling=poisson|shuffle] [--noise_mode=global|per_shard --num_shards=P] \
-        [--max_batch_size=M] [--json]
+        [--max_batch_size=M] [--mechanism=dpsgd|bandmf --num_bands=b] [--json]
     python launch/privacy.py calibrate --target_epsilon=E --num_examples=N \
         --batch_size=B --steps=T --delta=D [same options] [--json]
 
@@ -13,7 +13,9 @@ r"""DP-SGD privacy accounting from the command line (dp_accounting underneath).
 CrossShardOptimizer behaviour) the accountant is given S * sqrt(P) (Hoory et al.
 2021, Eq. 3), and `calibrate` prints the per-shard S.  --max_batch_size
 accounts Poisson batches truncated to at most M examples (what dpbert's
-fixed-shape sampler does).  --json prints ONE JSON object (the privacy report)
+fixed-shape sampler does).  --mechanism=bandmf --num_bands=b accounts correlated noise
+(dp.mechanism=bandmf of a run: cyclic Poisson sampling of b groups, the strategy optimized for
+T steps, jax-privacy's accounting).  --json prints ONE JSON object (the privacy report)
 on stdout.  The answer is `dpbert.reporting.report.cli_answer`'s.
 
 Example (the scale of Hoory et al.: 83M MIMIC examples, batch 128k, delta 1e-8):
@@ -50,6 +52,10 @@ flags.DEFINE_enum(
 flags.DEFINE_integer("num_shards", 1, "P, data shards (for --noise_mode=per_shard).")
 flags.DEFINE_integer("max_batch_size", None,
                      "Optional truncation of Poisson batches (PLD accountant only).")
+flags.DEFINE_enum("mechanism", "dpsgd", ["dpsgd", "bandmf"],
+                  "dpsgd (i.i.d. noise) or bandmf (correlated noise over --num_bands bands, "
+                  "cyclic Poisson sampling: dp.mechanism of a run).")
+flags.DEFINE_integer("num_bands", 1, "b, BandMF's bands (--mechanism=bandmf).")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of text.")
 
 NAME = "privacy.py"

@@ -329,7 +329,9 @@ def cli_answer(command: str, flags: Mapping[str, Any]) -> tuple[dict[str, Any], 
     `command`: "epsilon" (of `flags["noise_multiplier"]`) or "calibrate" (the smallest noise
     multiplier within 0.1 % whose epsilon is <= `flags["target_epsilon"]`); `flags`: the
     launcher's flag values by name (num_examples, batch_size, steps, delta, accountant,
-    sampling, noise_mode, num_shards, max_batch_size). ValueError naming a missing flag
+    sampling, noise_mode, num_shards, max_batch_size, and optionally mechanism "dpsgd" |
+    "bandmf" with num_bands: BandMF's epsilon for the strategy a run of these steps would
+    optimize, as `dpbert.dp.plan` accounts it). ValueError naming a missing flag
     (``--name``) or a bad value.
     """
     from dpbert.dp import calibration  # noqa: PLC0415
@@ -349,11 +351,19 @@ def cli_answer(command: str, flags: Mapping[str, Any]) -> tuple[dict[str, Any], 
                   delta=flags["delta"], sampling=flags["sampling"],
                   noise_mode=flags["noise_mode"], num_shards=flags["num_shards"],
                   max_batch_size=flags["max_batch_size"], accountant=flags["accountant"])
+    mechanism, bands = flags.get("mechanism") or "dpsgd", flags.get("num_bands") or 1
+    if mechanism == "dpsgd" and bands != 1:
+        raise ValueError(f"--num_bands={bands} applies to --mechanism=bandmf only")
+    if mechanism == "bandmf":  # the strategy a run of these steps would optimize (bandmf.py)
+        from dpbert.dp import bandmf  # noqa: PLC0415
+        common.update(mechanism=mechanism, num_bands=bands,
+                      strategy=bandmf.strategy(flags["steps"], bands))
     if command == "epsilon":
         sigma = flags["noise_multiplier"]
     else:
-        sigma = calibration.calibrate_noise_multiplier(
-            target_epsilon=flags["target_epsilon"], steps=flags["steps"], **common)
+        sigma = calibration.calibrate(
+            accounting.AccountingSpec(noise_multiplier=1.0, **common), flags["steps"],
+            flags["target_epsilon"])
     # The report states the epsilon of the calibrated sigma, recomputed.
     spec = accounting.AccountingSpec(noise_multiplier=sigma, **common)
     report = mechanism_report(spec, flags["steps"], clip_norm=None)
@@ -365,6 +375,10 @@ def cli_answer(command: str, flags: Mapping[str, Any]) -> tuple[dict[str, Any], 
         lines = [f"noise_multiplier = {report['noise_multiplier']:.6g}  "
                  f"(epsilon = {report['epsilon']:.6g} <= target "
                  f"{report['target_epsilon']:.6g}, delta = {report['delta']:.3g})"]
+    if mechanism == "bandmf":
+        lines.append(f"  mechanism=bandmf num_bands={bands}: cyclic Poisson sampling of "
+                     f"{bands} groups of {spec.group_size} units, {spec.rounds(flags['steps'])} "
+                     f"rounds accounted (jax-privacy's BandMF accounting)")
     lines.append(f"  accountant={report['accountant']} sampling={report['sampling']} "
                  f"q={report['sampling_probability']:.6g} steps={report['steps']} "
                  f"noise_mode={report['noise_mode']} num_shards={report['num_shards']} "

@@ -95,3 +95,37 @@ def test_every_missing_flag_is_named_at_once():
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip() == ("privacy.py: error: missing required flag(s): --num_examples, "
                                   "--batch_size, --steps, --delta, --target_epsilon")
+
+
+def test_bandmf_epsilon_and_calibrate_are_jax_privacys_bandmf_accounting():
+    """--mechanism=bandmf --num_bands=b: the epsilon of jax-privacy's BandMF execution plan
+    (cyclic Poisson over b groups, q = b B / N, ceil(T / b) rounds) with its own accountant,
+    and calibrate's sigma meets the target under it; one command also refuses a band count
+    without the mechanism."""
+    import numpy as np  # noqa: PLC0415
+    from jax_privacy.experimental import execution_plan  # noqa: PLC0415
+
+    args = ("--num_examples=3000", "--batch_size=30", "--steps=60", "--delta=1e-5",
+            "--mechanism=bandmf", "--num_bands=3", "--json")
+    out = _cli("epsilon", "--noise_multiplier=1.2", *args)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["mechanism"] == "bandmf" and report["num_bands"] == 3
+    assert len(report["strategy"]) == 3
+
+    def theirs(sigma):
+        config = execution_plan.BandMFExecutionPlanConfig(
+            iterations=60, strategy=np.asarray(report["strategy"]), epsilon=None, delta=None,
+            noise_multiplier=sigma, sampling_prob=3 * 30 / 3000)
+        return config.accountant.compose(
+            config._get_dp_event(sigma)).get_epsilon(1e-5)  # noqa: SLF001
+
+    assert report["epsilon"] == pytest.approx(theirs(1.2), rel=1e-9)
+    cal = _cli("calibrate", "--target_epsilon=2", *args)
+    assert cal.returncode == 0, cal.stderr
+    sigma = json.loads(cal.stdout)["noise_multiplier"]
+    assert theirs(sigma) <= 2.0 and theirs(sigma) == pytest.approx(2.0, rel=5e-3)
+    text = _cli("epsilon", "--noise_multiplier=1.2", *args[:-1]).stdout
+    assert "mechanism=bandmf num_bands=3" in text and "20 rounds accounted" in text
+    bad = _cli("epsilon", "--noise_multiplier=1.2", *args[:4], "--num_bands=3")
+    assert bad.returncode == 2 and "--mechanism=bandmf" in bad.stderr
