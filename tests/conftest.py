@@ -1,18 +1,10 @@
-"""Test setup: 8 fake CPU devices and quick XLA compiles, set before JAX is imported anywhere."""
+"""Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
 
 import os
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-# The tests' programs are small and run a few steps, so compiling dominates: LLVM without its
-# optimization passes compiles them in about 30 % less CPU time (tests/dpbert/dp/test_ghost.py:
-# 98 -> 68 s) and runs them slower, which these sizes do not feel. Numerics are XLA's either way
-# (every comparison in the suite is between programs compiled alike, or within a tolerance).
-# DPBERT_TEST_XLA_OPT=1 keeps the optimizations (e.g. to reproduce a user's numbers bit for bit).
-if (os.environ.get("DPBERT_TEST_XLA_OPT") != "1"
-        and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]):
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
