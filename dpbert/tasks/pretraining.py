@@ -47,7 +47,8 @@ _EVAL_STREAM = 1 << 30  # eval privatization keys: a step index training never r
 NSP_ONLY_PATHS = ("seq_relationship", "pooler")
 NO_NSP_CARD = ("## Next-sentence head\n\nPretrained with the masked-LM loss alone "
                "(`train.nsp=False`): the next-sentence head (`cls.seq_relationship`) and the "
-               "pooler it reads were not trained and keep their random initial values. "
+               "pooler it reads were not trained by this run and keep their initial values "
+               "(random, or the starting model's with `model.init_from_hf`). "
                "Fine-tuning that reads the pooled output trains the pooler with its head.")
 
 
