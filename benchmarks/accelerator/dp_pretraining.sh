@@ -27,7 +27,8 @@
 # NER (2 epochs, 136 documents) ~20 s per checkpoint after the first compile. In all 400-560 s:
 # the budget (470 s) may not reach the last cell (eps = 3) and its NER run; the parts are
 # ordered so that what ran is complete (public, inf, 8, their NER, then 3 and its NER).
-# --smoke: 150 notes, sequences of 32, B = 64, 2 steps, 2 public steps of 4 x 32, 20 NER notes.
+# --smoke: 150 notes, sequences of 32, B = 64, 2 steps, 2 public steps of 4 x 32, 20 NER notes;
+# a random 2-layer BERT of width 64 with MiniLM's vocabulary instead of MiniLM (common.sh).
 #
 # Writes to $OUT: dp_pretraining.json (every part: rc, seconds, its JSON rows, the end of its
 # log; the report parts' row is the table: per cell eps, sigma, q, N, sigma*sqrt(d)/B, held-out
@@ -37,6 +38,7 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 source benchmarks/accelerator/common.sh
 acc_init dp_pretraining "${DPP_BUDGET_S:-}" 470 290 "$@"
+acc_smoke_model
 
 if [ $SMOKE = 1 ]; then
   SIZES=(--notes="${DPP_NOTES:-150}" --seq="${DPP_SEQ:-32}" --batch="${DPP_BATCH:-64}"

@@ -83,3 +83,34 @@ def test_run_logged_keeps_the_callers_pythonpath(tmp_path, monkeypatch):
                             log)
     paths = log.read_text().strip().split(":")
     assert paths == [str(ROOT), str(tmp_path / "site")]
+
+
+@pytest.mark.parametrize("name", ("dp_pretraining.sh", "dp_finetune_full.sh", "texthide.sh",
+                                  "privacy_adaptive.sh"))
+def test_minilm_scripts_smoke_a_tiny_stand_in(name):
+    """Their --smoke trains a tiny stand-in (collect.py tiny_minilm): with MiniLM itself the DP
+    cells never ran in a CPU smoke's budget."""
+    lines = (ACC / name).read_text().splitlines()
+    assert lines[lines.index(next(x for x in lines if x.startswith("acc_init "))) + 1] \
+        == "acc_smoke_model"
+
+
+def test_the_stand_in_is_what_the_benchmarks_load(tmp_path, monkeypatch, minilm_dir):
+    """collect.py tiny_minilm writes a HF folder with MiniLM's vocabulary that dpbert loads as a
+    starting model, and bench_report.minilm() returns it under DPBERT_MINILM (and refuses a
+    folder that is not one)."""
+    from dpbert.models import hf  # noqa: PLC0415
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_report  # noqa: PLC0415
+
+    folder = tmp_path / "tiny"
+    collect.tiny_minilm(str(folder))
+    assert (folder / "vocab.txt").read_bytes() == (minilm_dir / "vocab.txt").read_bytes()
+    _, config = hf.load_pretrained(folder)
+    assert config.vocab_size == 30522 and config.hidden_size == 64
+    monkeypatch.setenv("DPBERT_MINILM", str(folder))
+    assert bench_report.minilm() == folder
+    monkeypatch.setenv("DPBERT_MINILM", str(tmp_path))
+    with pytest.raises(SystemExit, match="no config.json"):
+        bench_report.minilm()
