@@ -4,13 +4,18 @@ Runs on a 2-core CPU in a few minutes, needs no download (the notes are generate
 WordPiece vocabulary is built from them first), shows MLM accuracy rising, and prints epsilon.
 
     python launch/train.py --config=configs/demo_dp.py --workdir=/tmp/dpbert_demo
+
+`configs/demo_dp.py:long`: the same at 4x the steps (1,000; sigma calibrated so that the
+training spends the same epsilon, 2.95), about 13 minutes on 2 cores: the compute at which the
+model starts to fill clinical slots (BENCHMARKS.md, "The demo under DP", fourth round).
 """
 
 from configs import common
 
 
 def get_config(arg: str | None = None):
-    common.parse_arg(arg, {}, config="configs/demo_dp.py")  # takes none: an arg is an error
+    length = common.parse_arg(arg, {"length": ("long",)}, config="configs/demo_dp.py",
+                              positional="length").get("length")
     c = common.get_config()
     # micro: 2 layers of width 64 (about 250k parameters): a third of tiny's time per sequence,
     # and under DP a smaller model is a stronger signal per coordinate at the same noise (the
@@ -63,5 +68,12 @@ def get_config(arg: str | None = None):
     c.train.eval_batches = 4
     c.train.eval_batch_size = 128
     c.checkpoint.every_steps = 50
-    c.fill_mask = "the patient was admitted with [MASK] pain ."
+    # A sentence of the notes' language whose slot the same model trained WITHOUT noise for 1,000
+    # steps fills (`fibrillation` 0.87; it fills "admitted with [MASK] pain" with `the`).
+    c.fill_mask = "the patient has a history of atrial [MASK] ."
+    if length == "long":
+        c.train.num_steps = 1000
+        c.dp.noise_multiplier = None   # calibrated: 1,000 steps spend dp.target_epsilon
+        c.train.eval_every = 250
+        c.checkpoint.every_steps = 100
     return c

@@ -40,10 +40,15 @@ def test_args_that_configs_take():
     assert _get("privacy_adaptive", "mechanism=token_rep").dchi.mechanism == "token_rep"
     assert _get("privacy_adaptive").dchi.mechanism == "text_to_text"
     assert _get("demo_dp", "").model.size == "micro"
+    long, short = _get("demo_dp", "long"), _get("demo_dp")
+    assert (long.train.num_steps, short.train.num_steps) == (1000, 250)
+    assert long.dp.noise_multiplier is None       # calibrated to the same training target
+    assert long.dp.target_epsilon == short.dp.target_epsilon
+    assert _get("demo_dp", "length=long").train.num_steps == 1000
 
 
 @pytest.mark.parametrize("name, arg, match", [
-    ("demo_dp", "ARG", r"configs/demo_dp.py takes no config arg; got 'ARG'"),
+    ("demo_dp", "ARG", r"configs/demo_dp.py: config arg length='ARG' must be one of long"),
     ("mimic_dp", "sise=tiny", r"unknown config arg 'sise'; did you mean 'size'\? "
                               r"\(accepted: size=micro\|tiny\|mini\|small\|medium\|base\|large\)"),
     ("mimic_dp", "size=huge", r"config arg size='huge' must be one of micro, tiny, mini"),

@@ -131,7 +131,8 @@ def test_train_launcher(tmp_path):
         "unset unknown": "train: error: --config.dp.noise_multiplierr: unknown config field",
         "twice": "train: error: --config.dp.target_epsilon is given twice ('None', then "
                  "'1e-6'); give each config field once",
-        "ignored arg": "train: error: configs/demo_dp.py takes no config arg; got 'ARG'",
+        "ignored arg": "train: error: configs/demo_dp.py: config arg length='ARG' must be one "
+                       "of long",
         "misspelt arg": "train: error: configs/mimic_dp.py: unknown config arg 'sise'; did you "
                         "mean 'size'?",
         "workdir file": f"train: --workdir={a_file}: is a file, not a folder",
