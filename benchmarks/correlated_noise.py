@@ -1,0 +1,123 @@
+r"""Correlated noise against DP-SGD at equal (ε, δ), steps and batch (issue 34, part 5).
+
+    PYTHONPATH=. python benchmarks/correlated_noise.py [--out=/tmp/dpbert_corr] \
+        [--mechanisms=dpsgd,bandmf:4] [--steps=500] [--runs=3] [--target_epsilon=2.95] \
+        [--json_out=FILE]
+
+Every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT, 40,000
+synthetic notes, B = 512, per-sequence unit) with `train.num_steps=--steps`, σ calibrated by the
+product so that the training spends --target_epsilon under the run's mechanism
+(`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
+(`bandmf:b`: b bands). The first run builds the corpus and the DP vocabulary; every other run
+starts from a copy of them, so all runs train on the same sequences with the same vocabulary
+and differ only in the mechanism and in their secret noise and sampling (--runs independent
+runs per mechanism: no seed, the randomness stays secret). Runs are cached under --out (a run
+whose export exists is not run again).
+
+Prints per run and per mechanism (mean ± sd over runs): σ, the training ε reported, held-out
+MLM accuracy at the end, median step time, XLA's temp memory of the train step, and the
+correlated-noise buffers' size ((b - 1) float32 copies of the trainable parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import statistics
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_report import mean_sd, run_logged  # noqa: E402
+
+_OUT = flags.DEFINE_string("out", "/tmp/dpbert_corr", "cache of the runs")
+_MECHANISMS = flags.DEFINE_list("mechanisms", ["dpsgd", "bandmf:4"],
+                                "dpsgd, or bandmf:B (B bands)")
+_STEPS = flags.DEFINE_integer("steps", 500, "train.num_steps of every run")
+_RUNS = flags.DEFINE_integer("runs", 3, "independent runs per mechanism")
+_TARGET = flags.DEFINE_float("target_epsilon", 2.95, "the training's ε (dp.target_epsilon)")
+_JSON_OUT = flags.DEFINE_string("json_out", "", "also write the rows and table here")
+
+
+def mechanism_args(spec: str) -> tuple[str, int, list[str]]:
+    """(mechanism, bands, overrides) of a --mechanisms entry."""
+    name, _, bands = spec.partition(":")
+    if name == "dpsgd" and not bands:
+        return "dpsgd", 1, ["--config.dp.mechanism=dpsgd"]
+    if name == "bandmf" and bands.isdigit() and int(bands) >= 1:
+        return "bandmf", int(bands), ["--config.dp.mechanism=bandmf",
+                                      f"--config.dp.num_bands={int(bands)}"]
+    raise SystemExit(f"--mechanisms: {spec!r} is not dpsgd or bandmf:B")
+
+
+def run(out: pathlib.Path, spec: str, index: int, shared: pathlib.Path | None) -> pathlib.Path:
+    """One demo run (cached); `shared`: a finished run whose corpus and vocabulary it reuses."""
+    _, _, overrides = mechanism_args(spec)
+    workdir = out / f"{spec.replace(':', '')}_T{_STEPS.value}_eps{_TARGET.value:g}_r{index}"
+    if (workdir / "hf" / "config.json").is_file():
+        return workdir
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    if shared is not None:
+        shutil.copytree(shared / "vocab", workdir / "vocab")
+        shutil.copytree(shared / "data", workdir / "data")
+    run_logged([sys.executable, "launch/train.py", "--config=configs/demo_dp.py",
+                f"--workdir={workdir}", f"--config.train.num_steps={_STEPS.value}",
+                "--config.dp.noise_multiplier=None", f"--config.dp.target_epsilon={_TARGET.value}",
+                f"--config.train.eval_every={_STEPS.value}",
+                f"--config.checkpoint.every_steps={_STEPS.value}", *overrides],
+               out / f"{workdir.name}.log")
+    return workdir
+
+
+def figures(workdir: pathlib.Path, log: pathlib.Path, bands: int) -> dict:
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    evals = [x["eval/mlm_accuracy"] for x in lines if "eval/mlm_accuracy" in x]
+    times = [x["perf/step_time"] for x in lines if "perf/step_time" in x]
+    report = json.loads((workdir / "privacy_report.json").read_text())
+    training = report["training"]
+    temp = re.findall(r"train step compiled in .*?temporaries ([0-9.]+) MiB", log.read_text())
+    d = json.loads((workdir / "run.json").read_text())["trainable"]["parameters"]
+    return {"sigma": training["noise_multiplier"], "epsilon": training["epsilon"],
+            "mlm_accuracy": evals[-1], "step_seconds": statistics.median(times[1:] or times),
+            "temp_mib": float(temp[-1]) if temp else None, "trainable": d,
+            "buffers_mib": (bands - 1) * d * 4 / 2 ** 20}
+
+
+def main(argv):
+    del argv
+    out = pathlib.Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, shared = [], None
+    # Interleaved (run 0 of every mechanism, then run 1, ...): a machine that slows down
+    # midway slows every mechanism alike.
+    for index in range(_RUNS.value):
+        for spec in _MECHANISMS.value:
+            _, bands, _ = mechanism_args(spec)
+            workdir = run(out, spec, index, shared)
+            shared = shared or workdir
+            row = {"mechanism": spec, "run": index,
+                   **figures(workdir, out / f"{workdir.name}.log", bands)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    table = ["| mechanism | σ | training ε | held-out MLM (mean ± sd) | runs | step s | "
+             "temp MiB | buffers MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for spec in _MECHANISMS.value:
+        mine = [r for r in rows if r["mechanism"] == spec]
+        m, sd = mean_sd([r["mlm_accuracy"] for r in mine])
+        table.append(f"| {spec} | {mine[0]['sigma']:.4f} | {mine[0]['epsilon']:.4f} | "
+                     f"{m:.4f} ± {sd:.4f} | {len(mine)} | "
+                     f"{statistics.median(r['step_seconds'] for r in mine):.3f} | "
+                     f"{mine[0]['temp_mib']} | {mine[0]['buffers_mib']:.2f} |")
+    print("\n".join(table))
+    if _JSON_OUT.value:
+        pathlib.Path(_JSON_OUT.value).write_text(json.dumps(
+            {"steps": _STEPS.value, "target_epsilon": _TARGET.value, "rows": rows,
+             "table_md": "\n".join(table)}, indent=1))
+
+
+if __name__ == "__main__":
+    app.run(main)
