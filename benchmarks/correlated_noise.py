@@ -2,14 +2,14 @@ r"""Correlated noise against DP-SGD at equal (ε, δ), steps and batch (issue 34
 
     PYTHONPATH=. python benchmarks/correlated_noise.py [--out=/tmp/dpbert_corr] \
         [--mechanisms=dpsgd,bandmf:4] [--steps=500] [--runs=3] [--target_epsilon=2.95] \
-        [--json_out=FILE]
+        [--overrides=--config.optimizer.name=sgd,...] [--json_out=FILE]
 
 Every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT, 40,000
 synthetic notes, B = 512, per-sequence unit) with `train.num_steps=--steps`, σ calibrated by the
 product so that the training spends --target_epsilon under the run's mechanism
 (`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
-(`bandmf:b`: b bands). The first run builds the corpus and the DP vocabulary; every other run
-starts from a copy of them, so all runs train on the same sequences with the same vocabulary
+(`bandmf:b`: b bands). The first run in --out builds the corpus and the DP vocabulary; every
+other run, later invocations' too, starts from a copy of them, so all runs train on the same sequences with the same vocabulary
 and differ only in the mechanism and in their secret noise and sampling (--runs independent
 runs per mechanism: no seed, the randomness stays secret). Runs are cached under --out (a run
 whose export exists is not run again).
@@ -21,6 +21,7 @@ correlated-noise buffers' size ((b - 1) float32 copies of the trainable paramete
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import re
@@ -39,6 +40,8 @@ _MECHANISMS = flags.DEFINE_list("mechanisms", ["dpsgd", "bandmf:4"],
 _STEPS = flags.DEFINE_integer("steps", 500, "train.num_steps of every run")
 _RUNS = flags.DEFINE_integer("runs", 3, "independent runs per mechanism")
 _TARGET = flags.DEFINE_float("target_epsilon", 2.95, "the training's ε (dp.target_epsilon)")
+_OVERRIDES = flags.DEFINE_list("overrides", [], "more config overrides for every run, e.g. "
+                               "--config.optimizer.name=sgd,--config.optimizer.learning_rate=1.3")
 _JSON_OUT = flags.DEFINE_string("json_out", "", "also write the rows and table here")
 
 
@@ -56,7 +59,9 @@ def mechanism_args(spec: str) -> tuple[str, int, list[str]]:
 def run(out: pathlib.Path, spec: str, index: int, shared: pathlib.Path | None) -> pathlib.Path:
     """One demo run (cached); `shared`: a finished run whose corpus and vocabulary it reuses."""
     _, _, overrides = mechanism_args(spec)
-    workdir = out / f"{spec.replace(':', '')}_T{_STEPS.value}_eps{_TARGET.value:g}_r{index}"
+    tag = (("_" + hashlib.sha256("|".join(_OVERRIDES.value).encode()).hexdigest()[:8])
+           if _OVERRIDES.value else "")
+    workdir = out / f"{spec.replace(':', '')}_T{_STEPS.value}_eps{_TARGET.value:g}{tag}_r{index}"
     if (workdir / "hf" / "config.json").is_file():
         return workdir
     shutil.rmtree(workdir, ignore_errors=True)
@@ -68,7 +73,8 @@ def run(out: pathlib.Path, spec: str, index: int, shared: pathlib.Path | None) -
                 f"--workdir={workdir}", f"--config.train.num_steps={_STEPS.value}",
                 "--config.dp.noise_multiplier=None", f"--config.dp.target_epsilon={_TARGET.value}",
                 f"--config.train.eval_every={_STEPS.value}",
-                f"--config.checkpoint.every_steps={_STEPS.value}", *overrides],
+                f"--config.checkpoint.every_steps={_STEPS.value}", *overrides,
+                *_OVERRIDES.value],
                out / f"{workdir.name}.log")
     return workdir
 
@@ -91,7 +97,10 @@ def main(argv):
     del argv
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
-    rows, shared = [], None
+    # Every run of this folder, earlier invocations' included, trains on one vocabulary.
+    shared = next((d for d in sorted(out.iterdir()) if (d / "hf" / "config.json").is_file()
+                   and (d / "vocab").is_dir()), None)
+    rows = []
     # Interleaved (run 0 of every mechanism, then run 1, ...): a machine that slows down
     # midway slows every mechanism alike.
     for index in range(_RUNS.value):
@@ -99,7 +108,7 @@ def main(argv):
             _, bands, _ = mechanism_args(spec)
             workdir = run(out, spec, index, shared)
             shared = shared or workdir
-            row = {"mechanism": spec, "run": index,
+            row = {"mechanism": spec, "run": index, "overrides": _OVERRIDES.value,
                    **figures(workdir, out / f"{workdir.name}.log", bands)}
             rows.append(row)
             print(json.dumps(row), flush=True)

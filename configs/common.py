@@ -184,8 +184,11 @@ def get_config() -> ml_collections.ConfigDict:
     # part at most once in any num_bands consecutive steps); epsilon is jax-privacy's BandMF
     # event. Its sigma for a target epsilon is usually LARGER than DP-SGD's (each step samples
     # from 1/num_bands of the units: demo, epsilon 1 in 200 steps: 1.08 against 0.81), but the
-    # noise of successive steps partly cancels in the parameters; it is meant for long runs of
-    # many epochs. Fixed for a run (a resume under another mechanism is refused).
+    # noise of successive steps partly cancels in the parameters, so it needs an optimizer
+    # linear in the gradient (optimizer.name="sgd" with momentum: on the demo at 500 steps
+    # held-out MLM 0.29 against DP-SGD's 0.21; with Adam, which divides each step by its own
+    # noise, 0.13 against 0.22: BENCHMARKS.md "Correlated noise"; the loop warns). Fixed for a
+    # run (a resume under another mechanism is refused).
     c.dp.mechanism = "dpsgd"
     # BandMF's bands b (dp.mechanism="bandmf" only): 1 is DP-SGD; more bands correlate the noise
     # over more steps but give each step 1/b of the units to sample from (a group must hold at

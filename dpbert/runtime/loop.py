@@ -159,6 +159,9 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
         # Resolved once, here: config.json, the plan and the report name the clipper used.
         config.dp.clipping = task.auto_clipping(config)
     plan_lib.validate(config.dp, config.batch)
+    warning = plan_lib.mechanism_optimizer_warning(config.dp, config.optimizer.get("name"))
+    if warning:
+        logging.warning(warning)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     warmup = opt_config.get("warmup_steps")
     if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0:

@@ -285,3 +285,31 @@ def test_dpsgd_default_leaves_the_plan_as_it_was():
     assert p.strategy is None and p.sampler.num_bands == 1
     assert p.make_updater(helpers.mlp_loss, optax.sgd(0.1)).config.strategy is None
     assert isinstance(c.dp, ml_collections.ConfigDict)
+
+
+def test_adam_or_lamb_with_bandmf_is_warned_and_nothing_else():
+    """BandMF with an adaptive optimizer loses its gain (BENCHMARKS.md "Correlated noise"): the
+    loop warns before anything is built; every other pairing is silent."""
+    warn = plan.mechanism_optimizer_warning
+    for name in ("adamw", "lamb"):
+        text = warn(_config(mechanism="bandmf", num_bands=4).dp, name)
+        assert f"optimizer.name={name!r}" in text and "optimizer.name='sgd'" in text
+    assert warn(_config(mechanism="bandmf", num_bands=4).dp, "sgd") is None
+    assert warn(_config(mechanism="bandmf", num_bands=1).dp, "adamw") is None   # DP-SGD
+    assert warn(_config().dp, "adamw") is None
+    off = _config(mechanism="bandmf", num_bands=4)
+    off.dp.enabled = False
+    assert warn(off.dp, "adamw") is None
+
+
+def test_bandmf_noise_is_larger_per_step_and_smaller_in_the_sum():
+    """The figures the warning and BENCHMARKS.md give: 4 bands over 500 steps at the demo's
+    calibrated sigmas (BandMF 0.646, DP-SGD 0.561 for training epsilon 2.95): each step's noise
+    about 3x DP-SGD's, the noise of the sum of all steps about 0.6x."""
+    steps, c = 500, np.asarray(bandmf.strategy(500, 4))
+    matrix = sum(np.diag(np.full(steps - j, cj), -j) for j, cj in enumerate(c))
+    inverse = np.linalg.inv(matrix)                  # y = C^-1 z: the noise each step adds
+    per_step = np.median(np.linalg.norm(inverse, axis=1))
+    in_sum = np.linalg.norm(inverse.sum(axis=0))     # the noise of y_1 + ... + y_T
+    assert 0.646 * per_step / 0.561 == pytest.approx(3.0, abs=0.1)
+    assert 0.646 * in_sum / (0.561 * math.sqrt(steps)) == pytest.approx(0.59, abs=0.02)
