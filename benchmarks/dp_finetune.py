@@ -133,7 +133,8 @@ def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: i
         args.append(f"--config.data.max_train_examples={_MAX_TRAIN.value}")
     if _EPOCHS.value:
         args.append(f"--config.train.epochs={_EPOCHS.value}")
-    if _PHYSICAL.value:   # how a batch is computed, not what is trained: same results
+    if _PHYSICAL.value:   # how a batch is computed (calls, chunks); the plan sets the
+        # truncation the accountant includes from these sizes, so sigma may move in its last digits
         args.append(f"--config.batch.physical_batch_size={_PHYSICAL.value}")
     if _MICRO.value:
         args.append(f"--config.batch.microbatch_size={_MICRO.value}")

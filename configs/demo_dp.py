@@ -6,7 +6,7 @@ WordPiece vocabulary is built from them first), shows MLM accuracy rising, and p
     python launch/train.py --config=configs/demo_dp.py --workdir=/tmp/dpbert_demo
 
 `configs/demo_dp.py:long`: the same at 4x the steps (1,000; sigma calibrated so that the
-training spends the same epsilon, 2.95), about 13 minutes on 2 cores: the compute at which the
+training spends the same epsilon, 2.95), about 10 minutes on 2 cores (9 min 31 s measured): the compute at which the
 model starts to fill clinical slots (BENCHMARKS.md, "The demo under DP", fourth round).
 """
 
