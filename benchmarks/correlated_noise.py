@@ -5,7 +5,11 @@ r"""Correlated noise against DP-SGD at equal (ε, δ), steps and batch (issue 34
         [--overrides=--config.optimizer.name=sgd,...] [--json_out=FILE]
 
 Every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT, 40,000
-synthetic notes, B = 512, per-sequence unit) with `train.num_steps=--steps`, σ calibrated by the
+synthetic notes, B = 512, per-sequence unit; since 2026-11-27 sequence 16 with SGD + momentum at
+lr 2.0, so the optimizer is the demo's unless --overrides names another; BENCHMARKS.md's
+"Correlated noise" rows ran on the demo of that day: sequence 32, 10 predictions, AdamW at
+1.4e-2 unless --overrides said SGD) with `train.num_steps=--steps`, σ
+calibrated by the
 product so that the training spends --target_epsilon under the run's mechanism
 (`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
 (`bandmf:b`: b bands). The first run in --out builds the corpus and the DP vocabulary; every

@@ -13,7 +13,7 @@ import json
 from typing import Any, Mapping
 
 from dpbert.core import units as privacy_units
-from dpbert.reporting.report import fmt_eps
+from dpbert.reporting.report import fmt_eps, mechanism_and_sampling
 
 def _flat(report: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     rows = []
@@ -77,12 +77,11 @@ def card_section(report: Mapping[str, Any] | None) -> list[str]:
         inherited = (f" (composed with the starting model's DP-SGD on data that may overlap; "
                      f"this run alone: {fmt_eps(t['this_run_epsilon'])})"
                      if t.get("inherited_segments") else "")
-        mechanism, sampling = "DP-SGD", t["sampling"]
+        mechanism, sampling = mechanism_and_sampling(t)
         if t.get("mechanism") == "bandmf":  # dpbert.dp.bandmf
-            mechanism = (f"BandMF, {t['num_bands']} band(s), jax-privacy's banded strategy "
-                         f"{[round(c, 4) for c in t['strategy']]} with {t['num_bands'] - 1} "
-                         "noise buffer(s) kept only in the private checkpoints")
-            sampling = f"cyclic {sampling} ({t['num_bands']} groups of {t['group_size']})"
+            mechanism += (f", jax-privacy's banded strategy "
+                          f"{[round(c, 4) for c in t['strategy']]} with {t['num_bands'] - 1} "
+                          "noise buffer(s) kept only in the private checkpoints")
         lines += [
             f"- Training ({mechanism}): ({fmt_eps(t['epsilon'])}, {t['delta']:.3g}){inherited}, "
             f"`{t['accountant']}` accountant of `dp_accounting`"

@@ -90,6 +90,17 @@ def fmt_eps(x: float | None) -> str:
     return f"{x:.3g}"
 
 
+def mechanism_and_sampling(training: Mapping[str, Any]) -> tuple[str, str]:
+    """(the mechanism, its sampling) of a report's training section in words, e.g. ("DP-SGD",
+    "poisson") or ("BandMF, 4 band(s)", "cyclic poisson (4 groups of n)"): the card and the
+    run's closing line say the same."""
+    if training.get("mechanism") == "bandmf":  # dpbert.dp.bandmf
+        return (f"BandMF, {training['num_bands']} band(s)",
+                f"cyclic {training['sampling']} ({training['num_bands']} groups of "
+                f"{training['group_size']})")
+    return "DP-SGD", training["sampling"]
+
+
 def unit_definition(privacy_unit: str, max_seq_length: int | None,
                     max_examples_per_unit: int | None = None, unit_key: str = "") -> str:
     """One sentence: what the guarantee protects (`dpbert.core.units.PrivacyUnit.definition`;

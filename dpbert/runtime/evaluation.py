@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from dpbert.reporting import report as report_lib
 from dpbert.runtime import sharding
 
 
@@ -62,8 +63,9 @@ def summary_line(step: int, report: dict, initial: dict, final: dict, by_budget:
                      if key in initial else f"held-out {name} {final[key]:.3f}")
     if report.get("dp"):
         t = report["training"]
+        mechanism, sampling = report_lib.mechanism_and_sampling(t)
         parts.append(f"training epsilon = {t['epsilon']:.4f} at delta = {t['delta']:g} "
-                     f"({t['accountant']}, {t['sampling']} sampling)")
+                     f"({mechanism}, {t['accountant']}, {sampling} sampling)")
         if by_budget:
             parts.append("stopped by the privacy budget")
         parts.append(report["headline"])

@@ -41,10 +41,10 @@ def test_args_that_configs_take():
     assert _get("privacy_adaptive").dchi.mechanism == "text_to_text"
     assert _get("demo_dp", "").model.size == "micro"
     long, short = _get("demo_dp", "long"), _get("demo_dp")
-    assert (long.train.num_steps, short.train.num_steps) == (1000, 250)
-    assert long.dp.noise_multiplier is None       # calibrated to the same training target
+    assert (long.train.num_steps, short.train.num_steps) == (1500, 550)
+    assert long.dp.noise_multiplier is short.dp.noise_multiplier is None  # calibrated: same target
     assert long.dp.target_epsilon == short.dp.target_epsilon
-    assert _get("demo_dp", "length=long").train.num_steps == 1000
+    assert _get("demo_dp", "length=long").train.num_steps == 1500
 
 
 @pytest.mark.parametrize("name, arg, match", [

@@ -158,7 +158,7 @@ def test_arguments_and_out_are_checked_before_any_work(tmp_path):
              (dict(confidence=1.5), r"^confidence=1\.5"),
              (dict(m=10**9), r"^m=1000000000: the number of audit canaries must be an integer "
                              r"in \[2, 100000\]"),
-             (dict(length=100), r"^length=100: .* \[2, 29\] \(data\.max_seq_length=32"),
+             (dict(length=100), r"^length=100: .* \[2, 13\] \(data\.max_seq_length=16"),
              (dict(score="loss"), r"^score='loss': must be one of")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):

@@ -25,12 +25,13 @@ from configs import demo_dp
 from data_pipelines import canaries as canaries_lib
 from data_pipelines import tokenization
 from dpbert.leakage import audit
-from tests.dpbert.tasks.test_pretraining import REPO, override
+from tests.dpbert.tasks.test_pretraining import DPSGD_ADAMW, REPO, override
 
 # 16 synthetic notes (~250 examples), 3 canaries per (form, repetitions) for repetitions 0 and
 # 100, m = 256 audit canaries; no dropout and a high learning rate so that 500 steps memorize
 # (3 runs measured: audit bound 1.5-1.8, mean exposure at n = 100 4.0-6.2 bits, floor 1.43).
 LEAK = {
+    **DPSGD_ADAMW,
     "data.synthetic_num_notes": 16, "data.eval_fraction": 0.0, "data.max_seq_length": 32,
     "data.max_predictions_per_seq": 5, "model.max_position_embeddings": 32,
     "model.size": "tiny", "train.nsp": True, "model.hidden_dropout_prob": 0.0, "model.attention_probs_dropout_prob": 0.0,

@@ -28,6 +28,12 @@ def cache_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("train_cache")
 
 
+# The mechanism and optimizer the tests built on the demo config were written for (the demo's
+# before its fifth round, DP-SGD with AdamW; since then BandMF with SGD, which
+# test_pretraining_bandmf and test_demo_config_end_to_end run).
+DPSGD_ADAMW = {"dp.mechanism": "dpsgd", "dp.num_bands": 1, "optimizer.name": "adamw",
+               "optimizer.learning_rate": 1.4e-2, "optimizer.weight_decay": 0.01}
+
 # The demo config shrunk to seconds: 48 synthetic notes, seq 32, 4 steps. Flat
 # "section.field" keys, so the same values serve in-process runs and launch/train.py flags.
 SMALL = {
@@ -53,6 +59,7 @@ SMALL = {
     "vocab.epsilon": 2.0, "vocab.delta": 1e-6,
     # The demo's sentence, shortened: 48 notes' vocabulary spells most words by characters.
     "fill_mask": "with [MASK] pain .",
+    **DPSGD_ADAMW,
 }
 SECRET = {"vocab.seed": None, "dp.insecure_seeded_noise": False}
 
@@ -132,16 +139,23 @@ def cli_train_args(workdir, cache_dir, extra=()):
 @pytest.mark.slow
 def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
     workdir = tmp_path / "run"
-    # The demo's own model size and loss (SMALL pins tiny with NSP for the other tests).
+    # The demo's own model size, loss, mechanism and optimizer (SMALL pins tiny with NSP,
+    # DP-SGD and AdamW for the other tests).
     demo = demo_dp.get_config()
-    size = {"model.size": demo.model.size, "train.nsp": demo.train.nsp}
-    assert demo.train.nsp is False
-    report = train.train_and_evaluate(small_config(cache_dir, **SECRET, **size), workdir)
+    own = {"model.size": demo.model.size, "train.nsp": demo.train.nsp,
+           "dp.mechanism": demo.dp.mechanism, "dp.num_bands": demo.dp.num_bands,
+           "optimizer.name": demo.optimizer.name,
+           "optimizer.learning_rate": demo.optimizer.learning_rate,
+           "optimizer.weight_decay": demo.optimizer.weight_decay}
+    assert demo.train.nsp is False and (demo.dp.mechanism, demo.optimizer.name) == ("bandmf",
+                                                                                    "sgd")
+    report = train.train_and_evaluate(small_config(cache_dir, **SECRET, **own), workdir)
     # The closing fill-in of the demo's sentence, from the exported model, then the summary.
     out = capsys.readouterr().out.splitlines()
     fill = [l for l in out if l.startswith("fill-in: 'with [MASK] pain .' -> ")]
     assert len(fill) == 1 and fill[0].count(" | ") == 4, out[-5:]
     assert out[-1].startswith("done: 4 steps")
+    assert f"(BandMF, {demo.dp.num_bands} band(s), pld, cyclic poisson" in out[-1]
     saved = json.loads((workdir / "privacy_report.json").read_text())
     training = saved["training"]
     for field in ("epsilon", "delta", "noise_multiplier", "effective_noise_multiplier",
@@ -149,6 +163,7 @@ def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
                   "accountant", "privacy_unit", "noise_mode"):
         assert field in training, field
     assert saved == json.loads(json.dumps(report, default=str))
+    assert (training["mechanism"], training["num_bands"]) == ("bandmf", demo.dp.num_bands)
     assert training["steps"] == 4 and np.isfinite(training["epsilon"]) and training["epsilon"] > 0
     assert training["secret_randomness"] is True and saved["private"] is True
     assert saved["vocabulary"]["dp"] is True
@@ -157,7 +172,8 @@ def test_demo_config_end_to_end(cache_dir, tmp_path, capsys):
         [sys.executable, str(REPO / "launch" / "privacy.py"), "epsilon",
          f"--num_examples={training['num_examples']}", "--batch_size=16",
          "--noise_multiplier=1.0", "--steps=4", f"--delta={training['delta']}",
-         f"--max_batch_size={training['max_batch_size']}", "--json"],
+         f"--max_batch_size={training['max_batch_size']}", "--mechanism=bandmf",
+         f"--num_bands={demo.dp.num_bands}", "--json"],
         capture_output=True, text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["epsilon"] == pytest.approx(training["epsilon"], rel=1e-9)
