@@ -5,13 +5,6 @@ import os
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
-# LLVM's optimization level for the CPU code XLA emits: the tests run a few steps of each of
-# many programs, so compiling dominates (tests/dpbert/tasks/test_pretraining.py, test_ghost.py
-# and test_noise.py: 206 s -> 175 s with level 0). The programs are the same HLO; every
-# comparison in a test (bitwise ones too) is between programs compiled under the same flags
-# (the launchers' subprocesses inherit them). A level the caller set is kept.
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
