@@ -8,14 +8,13 @@ Every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT
 synthetic notes, B = 512, per-sequence unit; since 2026-11-27 sequence 16 with SGD + momentum at
 lr 2.0, so the optimizer is the demo's unless --overrides names another; BENCHMARKS.md's
 "Correlated noise" rows ran on the demo of that day: sequence 32, 10 predictions, AdamW at
-1.4e-2 unless --overrides said SGD) with `train.num_steps=--steps`, σ
-calibrated by the
+1.4e-2 unless --overrides said SGD) with `train.num_steps=--steps`, σ calibrated by the
 product so that the training spends --target_epsilon under the run's mechanism
 (`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
 (`bandmf:b`: b bands). The first run in --out builds the corpus and the DP vocabulary; every
-other run, later invocations' too, starts from a copy of them, so all runs train on the same sequences with the same vocabulary
-and differ only in the mechanism and in their secret noise and sampling (--runs independent
-runs per mechanism: no seed, the randomness stays secret). Runs are cached under --out (a run
+other run, later invocations' too, starts from a copy of them, so all runs train on the same
+sequences with the same vocabulary and differ only in the mechanism and in their secret noise
+and sampling (--runs independent runs per mechanism: no seed, the randomness stays secret). Runs are cached under --out (a run
 whose export exists is not run again).
 
 Prints per run and per mechanism (mean ± sd over runs): σ, the training ε reported, held-out
