@@ -27,6 +27,7 @@ benchmarks/accelerator/dp_finetune_full.sh runs --options=all --option_epsilons=
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import platform
@@ -63,6 +64,10 @@ _PHYSICAL = flags.DEFINE_integer("physical_batch", 0, "batch.physical_batch_size
                                  "a whole logical batch per call)")
 _MICRO = flags.DEFINE_integer("microbatch", 0, "batch.microbatch_size of the DP runs (0 = the "
                               "recipe's 32)")
+_OPTION_OVERRIDES = flags.DEFINE_string(
+    "option_overrides", "", "extra launcher flags for the --options rows (DP and their no-noise "
+    "twins), e.g. '--config.optimizer.name=sgd --config.optimizer.learning_rate=0.2'; the "
+    "runs are cached under a name that includes them")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "write the report from cached runs only")
 
 HEADING = "## DP fine-tuning (issue 31)"
@@ -94,8 +99,15 @@ def cells(dataset: str) -> list[tuple[str, str, float | None, int]]:
     return out
 
 
+def option_overrides(trainable: str) -> list[str]:
+    """--option_overrides as launcher arguments, for an --options row (not the defaults')."""
+    return [] if trainable == "default" else _OPTION_OVERRIDES.value.split()
+
+
 def run_name(dataset, kind, trainable, eps, seed) -> str:
-    return (f"{dataset}_{kind}_{trainable.replace(':', '')}"
+    extra = option_overrides(trainable)
+    tag = ("_" + hashlib.sha256(" ".join(extra).encode()).hexdigest()[:8]) if extra else ""
+    return (f"{dataset}_{kind}_{trainable.replace(':', '')}{tag}"
             + (f"_eps{eps:g}" if eps is not None else "") + f"_s{seed}")
 
 
@@ -150,6 +162,7 @@ def run(out: pathlib.Path, dataset: str, kind: str, trainable: str, eps, seed: i
                  "--config.dp.noise_multiplier=0.01"]
         if trainable != "default":
             args.append(f"--config.train.trainable={trainable}")
+    args += option_overrides(trainable)
     return finetune_cached(out / "runs" / run_name(dataset, kind, trainable, eps, seed), args)
 
 
@@ -200,6 +213,9 @@ def table(out: pathlib.Path, dataset: str) -> tuple[str, dict]:
             + f"{m:.4f} ± {sd:.4f} | {len(rows)} | "
             + f"{mean_sd([y['minutes'] for y in rows])[0]:.1f} |")
     lines += ["", *goals(dataset, summary)]
+    if _OPTION_OVERRIDES.value:
+        lines += ["", f"The rows of the trainable options (not the defaults') ran with "
+                  f"`{_OPTION_OVERRIDES.value}`."]
     pre = prefix_seconds(out, dataset)
     if pre:
         lines += ["", "Frozen prefix, computed once per split and option (shared by the runs "
@@ -268,6 +284,7 @@ def write_json(out: pathlib.Path, tables: list[str]) -> None:
             if path.is_file():
                 rows.append({"dataset": dataset, "kind": kind, "option": trainable,
                              "target_epsilon": eps, "seed": seed,
+                             "overrides": " ".join(option_overrides(trainable)),
                              **row(json.loads(path.read_text()))})
     result = {"rows": rows, "tables_md": tables}
     pathlib.Path(_JSON_OUT.value).write_text(json.dumps(result, indent=1))

@@ -20,9 +20,12 @@
 # non-private (528 steps of 32) 50-70 s, the top:1 rows 3 x 50 s. In all 400-500 s against the
 # 470 s budget: the top:1 rows come last and are the ones cut.
 # Measured on one H100 (2026-11-27): the non-private run took 50 s (dev 0.849, 6,000-8,400
-# examples/s); the eps = 8 cell and its twin did not finish in 180 s (their launcher's log
-# stays in the scratch folder, so where the time went is unknown): that part now has 300 s,
+# examples/s); the eps = 8 cell and its twin did not finish in 180 s: that part now has 300 s,
 # and table_eps8 right after it reports the runs that finished (the eps = 8 cell first).
+# Measured on one H200 (2026-11-27, DPF_BUDGET_S=550): every part, 444 s wall: eps = 8 + twin
+# 167 s, eps = 3 69 s, non-private 42 s, top:1 rows 160 s. All-parameter DP at the recipe's
+# lr 2.0 gave the constant prediction (0.471) at both eps, the twin 0.805 (BENCHMARKS "At
+# accelerator scale"): the next run sets DPF_ALL_OVERRIDES (a smaller SGD learning rate).
 # --smoke: 1 epoch, the RT files cut to 64 rows (common.sh), physical batches
 # of 16 in chunks of 8, and a random 2-layer BERT of width 64 with MiniLM's vocabulary instead
 # of MiniLM.
@@ -42,8 +45,11 @@ DATA=${DPBERT_SHARED_DATA:-$(cd .. && pwd)/shared/data}
 if [ $SMOKE = 1 ]; then SIZES=(--max_train_examples=64 --epochs=1 --physical_batch=16 --microbatch=8)
   FT="--config.train.epochs=1 --config.data.max_train_examples=64"
 else SIZES=(--physical_batch=1152 --microbatch=128); FT=""; fi
+# DPF_ALL_OVERRIDES: launcher flags for the all-parameter cells and their twin (not the top:1
+# rows), e.g. "--config.optimizer.name=sgd --config.optimizer.learning_rate=0.2".
 DPFT=($PY benchmarks/dp_finetune.py --out="$WORK/dpft" --datasets=rt --options=all "${SIZES[@]}"
-      --json_out="$WORK/dpft.json")   # never BENCHMARKS.md; the table parts write to $OUT
+      --json_out="$WORK/dpft.json" --option_overrides="${DPF_ALL_OVERRIDES:-}")
+      # never BENCHMARKS.md; the table parts write to $OUT
 MINILM=$($PY -c "import bench_report; print(bench_report.minilm())" 2>/dev/null)
 nonprivate() {  # ordinary fine-tuning: the recipe without DP (all parameters, AdamW, B 32)
   # shellcheck disable=SC2086  # FT: words

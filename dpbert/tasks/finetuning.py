@@ -107,6 +107,8 @@ def finetune(task, config, workdir, *, devices=None) -> dict:
     # ... then the recipe for this N (dpbert.tasks.recipe), checked again.
     config = schedule.resolve_schedule(recipe.resolve(config, num_train), num_train)
     loop.validate(task, config)
+    if (caution := recipe.caution(config)) is not None:
+        hosts.announce("WARNING: " + caution)
     report = loop.run(task, config, workdir, devices=devices)
     workdir = pathlib.Path(workdir).absolute()
     out = results.collect(task.name, config, workdir, report, num_train=num_train,

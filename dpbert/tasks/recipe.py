@@ -109,6 +109,33 @@ def resolve(config, num_train: int | None = None):
     return config
 
 
+# The train.trainable choices DP_LEARNING_RATE was measured with (BENCHMARKS "DP fine-tuning").
+DP_LR_MEASURED = ("top:1", "head")
+
+
+def caution(config) -> str | None:
+    """A warning for a DP run whose learning rate the recipe filled (its SGD lr 2.0) while the
+    user chose a train.trainable it was not chosen for; None otherwise.  At lr 2.0 the noise
+    alone moves every trained coordinate by ~lr / (1 - momentum) * sigma C / B * sqrt(steps),
+    about 0.1 at eps = 8: the fresh head and top layer of top:1 are relearned, but under
+    trainable=all the embeddings and lower layers are overwritten (RT, eps = 8 and 3, on an
+    H200: the constant prediction; the same run at sigma = 0.01: 0.805)."""
+    filled = set(config.get("recipe_filled") or ())
+    spec = config.train.trainable
+    if (not config.dp.enabled or "optimizer.learning_rate" not in filled
+            or "train.trainable" in filled or spec in DP_LR_MEASURED):
+        return None
+    return (f"the recipe's DP learning rate ({config.optimizer.name} lr "
+            f"{config.optimizer.learning_rate:g}) was chosen for train.trainable="
+            f"{DP_TRAINABLE}, not for train.trainable={spec}"
+            + (": with all parameters it gave the constant prediction on RT at eps = 8 and 3 "
+               "(its noise overwrites the pretrained embeddings and lower layers)"
+               if spec == "all" else "") +
+            "; set --config.optimizer.name=sgd and a smaller --config.optimizer.learning_rate "
+            "(the noise's random walk per coordinate scales with it), or leave "
+            "train.trainable unset (docs/finetuning.md, 'DP fine-tuning')")
+
+
 def report(config) -> dict:
     """results.json's account of the recipe: the fields it filled, and the rule."""
     return {"filled": {k: config[k.split(".")[0]][k.split(".")[1]]

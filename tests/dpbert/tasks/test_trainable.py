@@ -249,6 +249,29 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
     assert c.train.trainable == "bitfit" and c.train.epochs is None  # the input is not changed
 
 
+def test_the_recipe_warns_when_its_dp_learning_rate_meets_a_trainable_it_was_not_chosen_for():
+    """lr 2.0 was chosen for top:1; with trainable=all it collapsed MiniLM on an H200 (issue 33):
+    a run that takes the filled lr with a user-set trainable it was not measured with is told."""
+    from configs import finetune_classification
+    from dpbert.tasks import recipe
+
+    c = finetune_classification.get_config()
+    assert recipe.caution(recipe.resolve(c, 8454)) is None          # no DP
+    c.dp.enabled = True
+    assert recipe.caution(recipe.resolve(c, 8454)) is None          # the recipe's own choice
+    for spec in recipe.DP_LR_MEASURED:
+        c.train.trainable = spec
+        assert recipe.caution(recipe.resolve(c, 8454)) is None, spec
+    c.train.trainable = "all"
+    text = recipe.caution(recipe.resolve(c, 8454))
+    assert "train.trainable=all" in text and "sgd lr 2" in text and "constant prediction" in text
+    c.train.trainable = "bitfit"
+    text = recipe.caution(recipe.resolve(c, 8454))
+    assert "train.trainable=bitfit" in text and "constant prediction" not in text
+    c.optimizer.name, c.optimizer.learning_rate = "sgd", 0.2        # the user chose the step
+    assert recipe.caution(recipe.resolve(c, 8454)) is None
+
+
 @pytest.mark.slow
 def test_dp_ner_with_the_head_only_keeps_the_encoder_bitwise(toy, tmp_path):
     """NER under DP (one document = one unit) takes the same options; its documents of several
