@@ -9,7 +9,8 @@ examples) and from whether DP-SGD is on. A field the user sets is kept as set.
                  dpbert.tasks.prefix_cache), B = min(1024, N / 8) (large batches: the noise
                  σ·C / B per update shrinks with B while ε at a fixed epoch count barely moves,
                  Li et al. 2022, De et al. 2022), SGD with momentum at lr 2.0 on the averaged
-                 gradient (DP_OPTIMIZER below says why not Adam), no weight decay, DP_EPOCHS
+                 gradient (DP_OPTIMIZER below says why not Adam; lr 0.5 when the user sets
+                 train.trainable=all: DP_LEARNING_RATE_ALL), no weight decay, DP_EPOCHS
                  epochs; σ is calibrated to dp.target_epsilon over
                  the resulting steps (dpbert.dp.plan)
 
@@ -46,6 +47,13 @@ DP_MICROBATCH = 32           # the clipper's chunk: 1.3x faster than 128 at once
 # every update; on RT at ε = 8 Adam (lr 1e-3 or 1e-4) ended at 0.471, SGD lr 2.0 at 0.779.
 DP_OPTIMIZER = "sgd"
 DP_LEARNING_RATE = 2.0
+# With train.trainable=all (set by the user) the same SGD step at a quarter of the lr: at 2.0
+# the noise's random walk (~ lr / (1 - momentum) * sigma C / B * sqrt(steps) per coordinate,
+# 0.107 on RT at eps = 8) overwrites MiniLM's pretrained weights (RMS ~0.06): the constant
+# prediction at eps = 8 and 3 on an H200 (the same run at sigma = 0.01: 0.805). At eps = 8 on RT
+# (one seed each, CPU): lr 0.2 (walk 0.011) 0.736, lr 0.5 (walk 0.027) 0.776
+# (benchmarks/noise_walk_probe.py and BENCHMARKS "At accelerator scale").
+DP_LEARNING_RATE_ALL = 0.5
 DP_EPOCHS = 5.0
 
 # (config section, field, recipe key): what `resolve` fills when it is None ("auto").
@@ -91,6 +99,8 @@ def resolve(config, num_train: int | None = None):
     `recipe` field says which were filled and from what rule."""
     config = copy.deepcopy(config)
     chosen = values(bool(config.dp.enabled), num_train, config.get("task", ""))
+    if config.dp.enabled and config.train.trainable == "all":
+        chosen["learning_rate"] = DP_LEARNING_RATE_ALL
     if config.optimizer.get("learning_rate") is not None:
         # A learning rate the user set was meant for the documented optimizer (AdamW); the
         # recipe's SGD step (2.0) comes only with its own learning rate.
@@ -109,17 +119,17 @@ def resolve(config, num_train: int | None = None):
     return config
 
 
-# The train.trainable choices DP_LEARNING_RATE was measured with (BENCHMARKS "DP fine-tuning").
-DP_LR_MEASURED = ("top:1", "head")
+# The train.trainable choices the recipe's DP learning rates were measured with (BENCHMARKS
+# "DP fine-tuning"; "all" takes DP_LEARNING_RATE_ALL).
+DP_LR_MEASURED = ("top:1", "head", "all")
 
 
 def caution(config) -> str | None:
     """A warning for a DP run whose learning rate the recipe filled (its SGD lr 2.0) while the
-    user chose a train.trainable it was not chosen for; None otherwise.  At lr 2.0 the noise
-    alone moves every trained coordinate by ~lr / (1 - momentum) * sigma C / B * sqrt(steps),
-    about 0.1 at eps = 8: the fresh head and top layer of top:1 are relearned, but under
-    trainable=all the embeddings and lower layers are overwritten (RT, eps = 8 and 3, on an
-    H200: the constant prediction; the same run at sigma = 0.01: 0.805)."""
+    user chose a train.trainable it was not measured with (DP_LR_MEASURED); None otherwise.
+    At lr 2.0 the noise alone moves every trained coordinate by ~lr / (1 - momentum) *
+    sigma C / B * sqrt(steps), about 0.1 at eps = 8: the fresh head and top layer of top:1 are
+    relearned, but all parameters at that lr collapsed (DP_LEARNING_RATE_ALL says where)."""
     filled = set(config.get("recipe_filled") or ())
     spec = config.train.trainable
     if (not config.dp.enabled or "optimizer.learning_rate" not in filled
@@ -127,10 +137,9 @@ def caution(config) -> str | None:
         return None
     return (f"the recipe's DP learning rate ({config.optimizer.name} lr "
             f"{config.optimizer.learning_rate:g}) was chosen for train.trainable="
-            f"{DP_TRAINABLE}, not for train.trainable={spec}"
-            + (": with all parameters it gave the constant prediction on RT at eps = 8 and 3 "
-               "(its noise overwrites the pretrained embeddings and lower layers)"
-               if spec == "all" else "") +
+            f"{DP_TRAINABLE}, not for train.trainable={spec} (with all parameters it gave "
+            "the constant prediction on RT at eps = 8 and 3: its noise overwrites the "
+            "pretrained weights)"
             "; set --config.optimizer.name=sgd and a smaller --config.optimizer.learning_rate "
             "(the noise's random walk per coordinate scales with it), or leave "
             "train.trainable unset (docs/finetuning.md, 'DP fine-tuning')")
@@ -140,11 +149,12 @@ def report(config) -> dict:
     """results.json's account of the recipe: the fields it filled, and the rule."""
     return {"filled": {k: config[k.split(".")[0]][k.split(".")[1]]
                        for k in config.get("recipe_filled") or ()},
-            "rule": ("DP-SGD: train.trainable=%s, B = min(%d, N/%d), %s lr %g (momentum "
-                     "optimizer.b1), no weight decay, %g epochs, sigma calibrated to "
-                     "dp.target_epsilon (dpbert.tasks.recipe)"
+            "rule": ("DP-SGD: train.trainable=%s, B = min(%d, N/%d), %s lr %g (%g with "
+                     "train.trainable=all; momentum optimizer.b1), no weight decay, %g epochs, "
+                     "sigma calibrated to dp.target_epsilon (dpbert.tasks.recipe)"
                      % (DP_TRAINABLE, DP_MAX_BATCH, DP_BATCH_FRACTION, DP_OPTIMIZER,
-                        DP_LEARNING_RATE, DP_EPOCHS)) if config.dp.enabled else
+                        DP_LEARNING_RATE, DP_LEARNING_RATE_ALL, DP_EPOCHS))
+            if config.dp.enabled else
             "without DP: all parameters, B = {expected_batch_size}, lr {learning_rate:g}, weight "
             "decay {weight_decay:g}, {epochs:g} epochs".format(
                 **values(False, None, config.get("task", "")))}

@@ -250,8 +250,9 @@ def test_the_recipe_fills_only_what_is_unset_and_depends_on_dp_and_n():
 
 
 def test_the_recipe_warns_when_its_dp_learning_rate_meets_a_trainable_it_was_not_chosen_for():
-    """lr 2.0 was chosen for top:1; with trainable=all it collapsed MiniLM on an H200 (issue 33):
-    a run that takes the filled lr with a user-set trainable it was not measured with is told."""
+    """lr 2.0 was chosen for top:1; with trainable=all it collapsed MiniLM on an H200 (issue 33),
+    so all takes its own lr; a run that takes the filled lr with a user-set trainable it was not
+    measured with is told."""
     from configs import finetune_classification
     from dpbert.tasks import recipe
 
@@ -262,12 +263,16 @@ def test_the_recipe_warns_when_its_dp_learning_rate_meets_a_trainable_it_was_not
     for spec in recipe.DP_LR_MEASURED:
         c.train.trainable = spec
         assert recipe.caution(recipe.resolve(c, 8454)) is None, spec
-    c.train.trainable = "all"
-    text = recipe.caution(recipe.resolve(c, 8454))
-    assert "train.trainable=all" in text and "sgd lr 2" in text and "constant prediction" in text
+    c.train.trainable = "all"       # its own, smaller step: lr 2.0 collapsed it
+    everything = recipe.resolve(c, 8454)
+    assert (everything.optimizer.name, everything.optimizer.learning_rate) == (
+        "sgd", recipe.DP_LEARNING_RATE_ALL) and recipe.DP_LEARNING_RATE_ALL < 2.0
+    assert recipe.caution(everything) is None
+    assert f"{recipe.DP_LEARNING_RATE_ALL:g} with train.trainable=all" in recipe.report(
+        everything)["rule"]
     c.train.trainable = "bitfit"
     text = recipe.caution(recipe.resolve(c, 8454))
-    assert "train.trainable=bitfit" in text and "constant prediction" not in text
+    assert "train.trainable=bitfit" in text and "sgd lr 2" in text and "learning_rate" in text
     c.optimizer.name, c.optimizer.learning_rate = "sgd", 0.2        # the user chose the step
     assert recipe.caution(recipe.resolve(c, 8454)) is None
 
