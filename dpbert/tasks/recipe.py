@@ -67,9 +67,10 @@ FIELDS = (("train", "trainable", "trainable"),
           ("train", "epochs", "epochs"))
 
 
-def values(dp: bool, num_train: int | None, task: str = "") -> dict:
+def values(dp: bool, num_train: int | None, task: str = "", trainable: str = AUTO) -> dict:
     """The recipe's values; num_train None: before the data is read (B then assumes a
-    large N; `resolve` runs again with the count); task: config.task (TASK_PLAIN)."""
+    large N; `resolve` runs again with the count); task: config.task (TASK_PLAIN);
+    trainable: the user's train.trainable (under DP, "all" has its own learning rate)."""
     if not dp:
         return {**PLAIN, **TASK_PLAIN.get(task, {})}
     n = DP_MAX_BATCH * DP_BATCH_FRACTION if num_train is None else int(num_train)
@@ -78,7 +79,9 @@ def values(dp: bool, num_train: int | None, task: str = "") -> dict:
             "physical_batch_size": min(DP_PHYSICAL_BATCH, batch),
             "microbatch_size": (DP_MICROBATCH if min(DP_PHYSICAL_BATCH, batch) % DP_MICROBATCH == 0
                                 else None),
-            "optimizer": DP_OPTIMIZER, "learning_rate": DP_LEARNING_RATE, "weight_decay": 0.0,
+            "optimizer": DP_OPTIMIZER,
+            "learning_rate": DP_LEARNING_RATE_ALL if trainable == "all" else DP_LEARNING_RATE,
+            "weight_decay": 0.0,
             "epochs": DP_EPOCHS}
 
 
@@ -98,9 +101,8 @@ def resolve(config, num_train: int | None = None):
     """A copy of `config` with every unset recipe field filled (module docstring); its
     `recipe` field says which were filled and from what rule."""
     config = copy.deepcopy(config)
-    chosen = values(bool(config.dp.enabled), num_train, config.get("task", ""))
-    if config.dp.enabled and config.train.trainable == "all":
-        chosen["learning_rate"] = DP_LEARNING_RATE_ALL
+    chosen = values(bool(config.dp.enabled), num_train, config.get("task", ""),
+                    config.train.trainable)
     if config.optimizer.get("learning_rate") is not None:
         # A learning rate the user set was meant for the documented optimizer (AdamW); the
         # recipe's SGD step (2.0) comes only with its own learning rate.
