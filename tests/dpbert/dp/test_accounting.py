@@ -383,9 +383,10 @@ def test_composed_segments_equal_the_accountant_on_their_composed_event_bit_for_
 
 def test_the_disk_cache_of_single_step_plds_gives_the_accountants_float(tmp_path, monkeypatch):
     """DPBERT_PLD_CACHE_DIR (set for the test session by tests/conftest.py): a single-step PLD
-    built by one process is loaded by the next (simulated: the in-memory cache cleared), and
-    the epsilon from the loaded PLD is still the accountant's float; a file of another key
-    under the key's name is rebuilt, not trusted; unset, nothing is read or written."""
+    and the composed epsilon built by one process are loaded by the next (simulated: the
+    in-memory caches cleared), and the epsilon is still the accountant's float; a file of
+    another key under the key's name is rebuilt, not trusted; unset, nothing is read or
+    written."""
     import pickle
 
     from dpbert.dp import pld_cache
@@ -399,26 +400,43 @@ def test_the_disk_cache_of_single_step_plds_gives_the_accountants_float(tmp_path
         builds.append(kw)
         return real(**kw)
 
+    def clear():  # what a new process starts with
+        accountants._single_step_pld.cache_clear()
+        accountants._accountant_composed_epsilon.cache_clear()
+
+    def saved(kind):
+        (path,) = [p for p in folder.iterdir() if pickle.loads(p.read_bytes())[0][0] == kind]
+        return path
+
     monkeypatch.setattr(accountants.pld_lib, "from_truncated_subsampled_gaussian_mechanism",
                         counted)
     folder = tmp_path / "pld"
     monkeypatch.setenv(pld_cache.CACHE_ENV, str(folder))
     try:
-        accountants._single_step_pld.cache_clear()
+        clear()
         assert spec.epsilon(3) == direct and len(builds) == 1
-        (saved,) = folder.iterdir()
-        accountants._single_step_pld.cache_clear()
+        assert len(list(folder.iterdir())) == 2
+        single, composed = saved("truncated_subsampled_gaussian"), saved("composed_epsilon")
+        assert pickle.loads(composed.read_bytes())[1] == direct
+        clear()
         assert spec.epsilon(3) == direct and len(builds) == 1  # loaded, not built
         # Another key's file under this name (say, another sigma) is not used.
-        key, value = pickle.loads(saved.read_bytes())
-        saved.write_bytes(pickle.dumps((key[:-1] + ((1.0,) + key[-1][1:],), value)))
-        accountants._single_step_pld.cache_clear()
+        composed.unlink()
+        key, value = pickle.loads(single.read_bytes())
+        single.write_bytes(pickle.dumps((key[:-1] + ((1.0,) + key[-1][1:],), value)))
+        clear()
         assert spec.epsilon(3) == direct and len(builds) == 2
-        assert pickle.loads(saved.read_bytes())[0] == key  # and rewritten
+        assert pickle.loads(single.read_bytes())[0] == key  # and rewritten
+        # A planted epsilon under another key's name is not used either.
+        key, _ = pickle.loads(composed.read_bytes())
+        composed.write_bytes(pickle.dumps((key[:-1] + (key[-1][:-1] + (0.5,),), 0.0)))
+        accountants._accountant_composed_epsilon.cache_clear()
+        assert spec.epsilon(3) == direct
         monkeypatch.delenv(pld_cache.CACHE_ENV)
-        accountants._single_step_pld.cache_clear()
-        saved.unlink()
+        clear()
+        for path in folder.iterdir():
+            path.unlink()
         assert spec.epsilon(3) == direct and len(builds) == 3
         assert not any(folder.iterdir())
     finally:
-        accountants._single_step_pld.cache_clear()
+        clear()
