@@ -408,9 +408,10 @@ class PldAccountant(Accountant):
     def progress_epsilon(self, spec: AccountingSpec, steps: int, prior: Segments = ()) -> float:
         if steps <= 0 and not prior:
             return 0.0
-        # Kept where DPBERT_PLD_CACHE_DIR is set (the float, as `_accountant_composed_epsilon`).
+        # Kept where DPBERT_PLD_CACHE_DIR is set (the float, as `_accountant_composed_epsilon`;
+        # keyed by the grid too, which `_fast_pld_epsilon` starts from).
         return pld_cache.load_or_build(
-            "progress_epsilon", (spec, steps, tuple(prior)),
+            "progress_epsilon", (spec, steps, tuple(prior), DEFAULT_PLD_DISCRETIZATION),
             lambda: _fast_pld_epsilon(spec.effective_noise_multiplier, spec, steps,
                                       prior=tuple(prior)))
 

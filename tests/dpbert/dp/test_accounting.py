@@ -440,3 +440,25 @@ def test_the_disk_cache_of_single_step_plds_gives_the_accountants_float(tmp_path
         assert not any(folder.iterdir())
     finally:
         clear()
+
+
+def test_the_disk_cache_keeps_the_progress_epsilon_of_the_fast_path(tmp_path, monkeypatch):
+    """progress_epsilon (the figure a run logs as it trains) through DPBERT_PLD_CACHE_DIR: the
+    first process computes it (`_fast_pld_epsilon`), the next loads the same float without
+    computing; another number of steps is another entry."""
+    from dpbert.dp import pld_cache
+
+    spec = accounting.AccountingSpec(1.3, 16, 46, 1e-4, max_batch_size=21)
+    acc = accountants.PldAccountant()
+    expected = accountants._fast_pld_epsilon(spec.effective_noise_multiplier, spec, 3)
+    monkeypatch.setenv(pld_cache.CACHE_ENV, str(tmp_path / "pld"))
+    assert acc.progress_epsilon(spec, 3) == expected
+    real, calls = accountants._fast_pld_epsilon, []
+
+    def counted(*args, **kw):
+        calls.append(args)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(accountants, "_fast_pld_epsilon", counted)
+    assert acc.progress_epsilon(spec, 3) == expected and not calls  # loaded
+    assert acc.progress_epsilon(spec, 4) > expected and len(calls) == 1
