@@ -101,9 +101,16 @@ def use_and_clip(norm: jax.Array, loss: jax.Array, metrics: dict[str, jax.Array]
     the metrics zeroed where not used, nonfinite bool []: kept but dropped as non-finite).
     `jnp.where`, not a multiplication by 0: NaN * 0 is NaN.
     """
-    finite = jnp.isfinite(norm) & jnp.isfinite(loss)
-    for v in metrics.values():
-        finite &= jnp.all(jnp.isfinite(v))
+    # One reduction over every checked value: a chain of isfinite-and ops is cheap enough
+    # for XLA to copy into each fusion that clips a leaf (tiny BERT's DP step: 58 copies of
+    # ~70 instructions), where a reduction's result is computed once (issue 32, the DP step's
+    # compile time; BENCHMARKS.md).  Adding `zero` (like the norm: per example) makes every
+    # value batched, as concatenating batched with unbatched values fails under Explicit
+    # mesh axes inside vmap; x + 0 is x for every float, inf and NaN included.
+    zero = jnp.zeros_like(norm, jnp.float32)
+    checked = [(jnp.asarray(v, jnp.float32) + zero).reshape(-1)
+               for v in (norm, loss, *metrics.values())]
+    finite = jnp.all(jnp.isfinite(jnp.concatenate(checked)))
     use = keep & finite
     scale = clip_scale(norm, clip_norm)
     clip = lambda g: jnp.where(use, g * scale, 0.0)  # noqa: E731
