@@ -139,8 +139,8 @@ def caution(config) -> str | None:
         return None
     return (f"the recipe's DP learning rate ({config.optimizer.name} lr "
             f"{config.optimizer.learning_rate:g}) was chosen for train.trainable="
-            f"{DP_TRAINABLE}, not for train.trainable={spec} (with all parameters it gave "
-            "the constant prediction on RT at eps = 8 and 3: its noise overwrites the "
+            f"{DP_TRAINABLE}, not for train.trainable={spec} (at that lr, all parameters "
+            "gave the constant prediction on RT at eps = 8 and 3: the noise overwrote the "
             "pretrained weights)"
             "; set --config.optimizer.name=sgd and a smaller --config.optimizer.learning_rate "
             "(the noise's random walk per coordinate scales with it), or leave "
