@@ -42,6 +42,7 @@ FIXED_RELEASE_MODES = ("none", "token_rep", "text_to_text")
 # Prefix inputs the released batch may carry.
 INPUTS = ("input_ids", "segment_ids", "input_mask", "word_embeddings")
 EXAMPLES_PER_CALL = 256
+PROGRESS_SECONDS = 30.0  # a progress line at most this often while the prefix is computed
 
 
 def applies(config, task) -> bool:
@@ -77,7 +78,7 @@ def _prefix_params(model, num_layers: int):
             [nnx.state(layer, nnx.Param) for layer in list(bert.encoder.layer)[:num_layers]])
 
 
-def _compute(release, model, num_layers: int, n: int) -> np.ndarray:
+def _compute(release, model, num_layers: int, n: int, name: str = "") -> np.ndarray:
     graphdef, state = nnx.split(model.bert)
 
     @jax.jit
@@ -88,12 +89,17 @@ def _compute(release, model, num_layers: int, n: int) -> np.ndarray:
                            ).astype(jnp.float16)
 
     out = []
+    t0 = last = time.time()
     for start in range(0, n, EXAMPLES_PER_CALL):
         idx = np.arange(start, min(n, start + EXAMPLES_PER_CALL))
         pad = EXAMPLES_PER_CALL - len(idx)  # one compiled shape for every call
         batch = release.batch(np.concatenate([idx, np.full(pad, idx[-1])]))
         batch = {k: v for k, v in batch.items() if k in INPUTS}
         out.append(np.asarray(run(state, batch))[:len(idx)])
+        if time.time() - last >= PROGRESS_SECONDS and idx[-1] + 1 < n:  # minutes on a CPU
+            last = time.time()
+            announce(f"frozen prefix of the {name} split: {idx[-1] + 1:,} of {n:,} examples "
+                     f"({last - t0:.0f} s)")
     return np.concatenate(out)
 
 
@@ -131,7 +137,7 @@ def cached_split(split, model, num_layers: int, folder: pathlib.Path, name: str,
             for old in folder.glob(f"{name}-*.npy"):
                 old.unlink()
         t0 = time.time()
-        hidden = _compute(release, model, num_layers, n)
+        hidden = _compute(release, model, num_layers, n, name)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npy")  # one per process
         np.save(tmp, hidden)
         tmp.replace(path)

@@ -310,3 +310,16 @@ def test_ner_takes_its_own_values_without_dp_and_the_dp_recipe_with_it():
     dp = recipe.resolve(c, 2000)   # one document = one unit: B from the documents
     assert (dp.train.trainable, dp.batch.expected_batch_size, dp.optimizer.name) == (
         "top:1", 250, "sgd")
+
+
+def test_the_prefix_computation_reports_progress(tmp_path, monkeypatch, capsys):
+    """Computing a large split's prefix takes minutes on a CPU: it says how far it got."""
+    ids = np.random.default_rng(3).integers(5, 40, (5, 10)).astype(np.int32)
+    monkeypatch.setattr(prefix_cache, "EXAMPLES_PER_CALL", 2)
+    monkeypatch.setattr(prefix_cache, "PROGRESS_SECONDS", 0.0)
+    prefix_cache.cached_split(_split(ids), tiny_classifier(), 1, tmp_path, "train",
+                              own_folder=True)
+    out = capsys.readouterr().out
+    assert "frozen prefix of the train split: 2 of 5 examples" in out
+    assert "4 of 5 examples" in out and "5 of 5" not in out  # the end has its own line
+    assert "5 examples computed once" in out
