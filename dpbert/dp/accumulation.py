@@ -167,7 +167,7 @@ class DPState:
       noise_key: uint32 [2], raw PRNG key of the Gaussian noise (secret: it is private like
         the data, kept only in checkpoints; never logged).
       buffers: BandMF only (None otherwise): (y_{t-1}, ..., y_{t-b+1}), float32 pytrees like
-        params, the correlated noise of the last b - 1 steps in units of noise_stddev
+        params (a scalar placeholder on frozen leaves: `noise.buffer_zeros`), the correlated noise of the last b - 1 steps in units of noise_stddev
         (`dpbert.dp.noise.add_correlated_noise`). Secret like the noise key (they are the noise
         of released updates: with them the next update's noise is partly predictable), kept
         only in checkpoints.
@@ -232,11 +232,11 @@ class DPAggregator:
         """Initial state; `rng` is an int seed or a raw uint32[2] key; `noise_key` a raw
         uint32[2] secret key (None: fold_in(rng, 1), reproducible and NOT private)."""
         trees.resolve_trainable_mask(params, self.trainable)  # validate early
-        zeros = lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32),  # noqa: E731
-                                     params)
-        acc = None if self.config.accumulation_steps == 1 else zeros()
+        acc = (None if self.config.accumulation_steps == 1 else
+               jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params))
         buffers = (None if self.config.strategy is None else
-                   tuple(zeros() for _ in self.config.strategy[1:]))
+                   tuple(noise_lib.buffer_zeros(params, self.trainable)
+                         for _ in self.config.strategy[1:]))
         return init_state(rng, noise_key, acc, buffers)
 
     def state_sharding(self, param_sharding: PyTree, replicated: Any) -> DPState:
@@ -246,8 +246,12 @@ class DPAggregator:
         call to call (no recompilation, no resharding).
         """
         acc = None if self.config.accumulation_steps == 1 else param_sharding
-        buffers = (None if self.config.strategy is None else
-                   tuple(param_sharding for _ in self.config.strategy[1:]))
+        # A BandMF buffer is like the params on trainable leaves, a scalar on frozen ones.
+        buffer = (None if self.config.strategy is None else jax.tree.map(
+            lambda train, s: s if train else replicated,
+            trees.resolve_trainable_mask(param_sharding, self.trainable), param_sharding))
+        buffers = (None if buffer is None else
+                   tuple(buffer for _ in self.config.strategy[1:]))
         return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated,
                        noise_key=replicated, buffers=buffers)
 

@@ -232,8 +232,11 @@ def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     y = C^-1 z row by row: y_t = (z_t - sum_{j>=1} c_j y_{t-j}) / c_0, where z_t is the i.i.d.
     N(0, I) draw that `add_noise` would scale by `stddev` at this key (our generator, our
     secret key: the same bits) and c = `strategy` (C's first column). `buffers`: (y_{t-1}, ...,
-    y_{t-b+1}), pytrees like `clipped_sum` (zeros before the first step); returned shifted, y_t
-    first. One band ((c_0,) and no buffers) is `add_noise` itself, bit for bit when c_0 = 1.
+    y_{t-b+1}), pytrees like `clipped_sum` (zeros before the first step) whose frozen leaves
+    hold a scalar placeholder (`buffer_zeros`: a frozen leaf gets no noise, so it has no y to keep; with
+    train.trainable=head on MiniLM full-size buffers were 3 x 91 MB and made the step 7x
+    slower); returned shifted, y_t first. One band ((c_0,) and no buffers) is `add_noise`
+    itself, bit for bit when c_0 = 1.
 
     `layouts` only spread the i.i.d. draw of one band (`add_noise`); with more bands every
     device computes its own copy of a replicated leaf's noise (the same values).
@@ -255,12 +258,24 @@ def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     z = gaussian_noise(clipped_sum, key, 1.0, mask, None, flat)
     c = [jnp.float32(x) for x in strategy]
 
-    def row(z_leaf, *previous):
+    def row(train, z_leaf, *previous):
+        if not train:  # frozen: no noise; its buffer (a placeholder) stays as it is
+            return previous[0] if previous else jnp.zeros((), jnp.float32)
         acc = z_leaf
         for c_j, y_j in zip(c[1:], previous):
             acc = acc - c_j * y_j
         return acc / c[0]
 
-    y = jax.tree.map(row, z, *buffers)
-    noisy = jax.tree.map(lambda x, n: x + stddev * n, clipped_sum, y)
+    y = jax.tree.map(row, mask, z, *buffers)
+    noisy = jax.tree.map(lambda train, x, n: x + stddev * n if train else x, mask,
+                         clipped_sum, y)
     return noisy, (y, *buffers[:-1])
+
+
+def buffer_zeros(params: PyTree, trainable: trees.TrainableFilter = None) -> PyTree:
+    """One BandMF buffer before the first step (`add_correlated_noise`): float32 zeros like
+    each trainable leaf of `params`, a scalar 0 for each frozen one (a placeholder: orbax does
+    not save empty arrays)."""
+    mask = trees.resolve_trainable_mask(params, trainable)
+    return jax.tree.map(lambda train, x: jnp.zeros(x.shape if train else (), jnp.float32),
+                        mask, params)

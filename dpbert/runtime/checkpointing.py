@@ -21,7 +21,10 @@ import pathlib
 from typing import Any, Iterable, Mapping
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+
+from dpbert.dp import trees
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +193,29 @@ class Checkpointer:
             state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
         return out["state"], dict(out["meta"])
 
+    def layout_problem(self, step: int, abstract_state: Any) -> str | None:
+        """How the training state saved at `step` differs from `abstract_state` in its leaves'
+        paths, shapes and dtypes (a checkpoint written by another version of dpbert, e.g.
+        before BandMF's frozen leaves kept placeholders), or None; None too when the state's
+        metadata does not read back (`restore` then finds the step damaged)."""
+        try:
+            tree = self._manager.item_metadata(step)["state"]
+        except Exception:  # orbax raises several types for a damaged step
+            return None
+        tree = getattr(tree, "tree", tree)
+        if tree is None:
+            return None
+        saved, now = _layout(tree), _layout(abstract_state)
+        if saved == now:
+            return None
+        diffs = [f"{k}: checkpoint={saved.get(k, '<absent>')} now={now.get(k, '<absent>')}"
+                 for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        return (f"the training state saved at step {step} is laid out differently from the one "
+                f"this version of dpbert builds for the config ({len(diffs)} leaves differ: "
+                + "; ".join(diffs[:3]) + ("; ..." if len(diffs) > 3 else "")
+                + "); it was written by another version. Resume it with that version, or use "
+                "a fresh --workdir (nothing was deleted)")
+
     def restore_params(self, step: int) -> tuple[Any, dict[str, Any]]:
         """The parameters as host arrays and the meta, whatever mesh or how many processes
         wrote the checkpoint (for export and comparisons)."""
@@ -248,6 +274,12 @@ def _fsync(path: str, folder: bool) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _layout(tree: Any) -> dict[str, str]:
+    """{leaf path: "dtype[shape]"} of a state or of its saved metadata."""
+    return {trees.path_string(path): f"{np.dtype(leaf.dtype).name}{list(leaf.shape)}"
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 def abstract_like(state: Any) -> Any:

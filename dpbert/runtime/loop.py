@@ -330,6 +330,12 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
 
     start_step = 0
     if latest is not None:
+        # A state of another layout is refused, not taken for a damaged step (which would be
+        # deleted and the run started afresh).
+        problem = ckpt.layout_problem(latest, checkpointing.abstract_like(state))
+        if problem:
+            ckpt.close()
+            raise checkpointing.IncompatibleCheckpointError(f"{workdir}: {problem}")
         try:
             state, meta = ckpt.restore(latest, checkpointing.abstract_like(state))
         except Exception as e:  # orbax raises several types for truncated or missing files

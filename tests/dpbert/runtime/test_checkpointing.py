@@ -44,3 +44,26 @@ def test_train_nsp_may_not_change_on_resume_and_old_checkpoints_still_resume():
     for saved, current in ((sig(True), sig(False)), (sig(), sig(False)), (sig(False), sig())):
         with pytest.raises(checkpointing.IncompatibleCheckpointError, match="train.nsp"):
             checkpointing.check_compatible(saved, current, "W")
+
+
+def test_a_state_of_another_layout_is_named_not_taken_for_damage(tmp_path):
+    """A checkpoint whose state has other leaves, shapes or dtypes (another version of dpbert
+    wrote it: BandMF's frozen-leaf buffers were full-size before) is refused with the leaves
+    that differ; the loop raises it instead of deleting the step as damaged."""
+    import jax.numpy as jnp
+
+    ckpt = checkpointing.Checkpointer(tmp_path / "ckpt", async_save=False)
+    saved = {"params": {"w": jnp.ones(3)}, "dp": {"buffers": [{"w": jnp.zeros(3)}]}}
+    ckpt.save(2, saved, {"step": 2})
+    ckpt.wait()
+    same = checkpointing.abstract_like(saved)
+    assert ckpt.layout_problem(2, same) is None
+    now = checkpointing.abstract_like({"params": {"w": jnp.ones(3)},
+                                       "dp": {"buffers": [{"w": jnp.zeros(())}]}})
+    problem = ckpt.layout_problem(2, now)
+    assert problem.startswith("the training state saved at step 2 is laid out differently")
+    assert "(1 leaves differ: dp/buffers/0/w: checkpoint=float32[3] now=float32[])" in problem
+    extra = checkpointing.abstract_like({**saved, "opt": jnp.zeros(2, jnp.int32)})
+    assert "opt: checkpoint=<absent> now=int32[2]" in ckpt.layout_problem(2, extra)
+    assert ckpt.all_steps() == [2]  # nothing deleted
+    ckpt.close()
