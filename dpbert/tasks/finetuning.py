@@ -229,7 +229,8 @@ class FineTuningTask:
         return loss_fn
 
     def batch_transform(self, config, model, data):
-        return None  # the users' release happened once, in prepare
+        # The users' release happened once, in prepare; a mode may carry a secret into the step.
+        return registry.get(config.privacy.mode).batch_transform(config, data)
 
     def run_info(self, config, model, data) -> dict:
         vocab = pathlib.Path(data.extra["vocab_file"])

@@ -188,12 +188,15 @@ class PretrainingTask:
                 else jax.random.PRNGKey(config.seed))
         key = jax.random.fold_in(root, _DCHI_STREAM)
         eval_key = jax.random.fold_in(key, _EVAL_STREAM)
+        # The keys travel in the operand, an argument of the jitted step: closed over, they
+        # would be constants of the compiled program, which the persistent compilation cache
+        # writes to disk (tests/dpbert/runtime/test_cached_programs.py).
         return loop.BatchTransform(
-            privatizer,
-            train=lambda p, batch, step, micro: dchi.privatize_batch(
-                p, batch, dchi.batch_key(key, step, micro)),
-            eval=lambda p, batch, index: dchi.privatize_batch(
-                p, batch, dchi.batch_key(eval_key, index)))
+            (privatizer, key, eval_key),
+            train=lambda op, batch, step, micro: dchi.privatize_batch(
+                op[0], batch, dchi.batch_key(op[1], step, micro)),
+            eval=lambda op, batch, index: dchi.privatize_batch(
+                op[0], batch, dchi.batch_key(op[2], index)))
 
     # ---------------------------------------------------------------------------- eval
 

@@ -69,6 +69,11 @@ class InputMode:
     def eval_logits(self, graphdef, config, data) -> Callable | None:
         return None
 
+    def batch_transform(self, config, data) -> Any:
+        """A `dpbert.runtime.loop.BatchTransform` (None: none): how a secret the mode's loss
+        or eval needs reaches the jitted step as an argument, not as a constant."""
+        return None
+
     def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
         """WORKDIR/hf when the trained model is not a plain HF task model (None = the task's
         own Hugging Face export)."""

@@ -37,11 +37,13 @@ from data_pipelines import classification as clf
 from dpbert.errors import ConfigError, need
 from dpbert.models import heads
 from dpbert.privacy import input_privacy, texthide
+from dpbert.runtime import loop
 from dpbert.tasks import starting_model
 from dpbert.tasks.input_modes.base import SENTENCE, InputMode, lineage_section, write_folder
 
 TEXTHIDE_HEADS = ("mlp", "linear")
 _POOL_SALT, _STEP_SALT, _EVAL_SALT = 0x7E1D0, 0x7E1D1, 0x7E1D2   # TextHide's secret keys
+RUN_KEY = "texthide_run_key"  # the batch field carrying the secret run key into the step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,18 @@ class TextHideMode(InputMode):
     def eval_logits(self, graphdef, config, data):
         return texthide_eval(data.extra["user_side"], graphdef)
 
+    def batch_transform(self, config, data):
+        # The run key reaches the jitted step and eval as an argument (the loop's operand),
+        # each row of the batch carrying it: the mask pool and the step keys are derived from
+        # it there. Closed over, the masks would be constants of the compiled programs, which
+        # the persistent compilation cache writes to disk.
+        def with_key(key, batch, *_):
+            rows = batch["input_ids"].shape[0]
+            return {**batch, RUN_KEY: jnp.broadcast_to(key, (rows, key.shape[0]))}
+
+        return loop.BatchTransform(np.asarray(data.extra["user_side"].key, np.uint32),
+                                   train=with_key, eval=with_key)
+
     def export(self, params, run: dict, out: pathlib.Path, report: dict | None):
         if run["input_privacy"]["head"].startswith("Hugging Face"):
             return None   # the task's own HF export (the card carries the report)
@@ -184,11 +198,9 @@ class TextHideUser:
         self.key = key
         return self.plain.release(features, key, split=split, epoch=epoch)
 
-    def pool(self):
-        if self.key is None:
-            raise RuntimeError("TextHide: the mask pool needs the run key (release first)")
-        return texthide.make_mask_pool(jax.random.fold_in(self.key, _POOL_SALT),
-                                       self.spec.m, self.d)
+    def pool(self, key):
+        """The secret mask pool of the run key `key` (traced: the batch's RUN_KEY)."""
+        return texthide.make_mask_pool(jax.random.fold_in(key, _POOL_SALT), self.spec.m, self.d)
 
     def report(self, *, epochs: int, secret_key: bool = True) -> dict:
         s = self.spec
@@ -233,12 +245,14 @@ def _encoder_head(graphdef):
 
 def texthide_loss(user: TextHideUser, graphdef, num_classes: int):
     """The loop's batch loss (params, batch, mask, keys) -> (sum over rows, metric sums)."""
-    pool, spec = user.pool(), user.spec
-    secret = jax.random.fold_in(user.key, _STEP_SALT)
+    spec = user.spec
     public = None if user.public is None else {k: jnp.asarray(v) for k, v in user.public.items()}
     encoder_apply, head_apply = _encoder_head(graphdef)
 
     def fn(params, batch, mask, keys):
+        run_key = batch[RUN_KEY][0]  # an argument, never a constant (TextHideMode.batch_transform)
+        pool = user.pool(run_key)
+        secret = jax.random.fold_in(run_key, _STEP_SALT)
         # The loop's per-example keys are public (seeded dropout); folded into the secret key
         # they give a secret key that changes every step.
         salt = jax.random.randint(keys[0], (), 0, jnp.iinfo(jnp.int32).max)
@@ -268,13 +282,13 @@ def texthide_loss(user: TextHideUser, graphdef, num_classes: int):
 
 def texthide_eval(user: TextHideUser, graphdef):
     """Eval logits h(σ ∘ f(x)): no mixing, one pool mask per example."""
-    pool = user.pool()
-    key = jax.random.fold_in(user.key, _EVAL_SALT)
     encoder_apply, head_apply = _encoder_head(graphdef)
 
     def logits_fn(params, batch):
+        run_key = batch[RUN_KEY][0]
         inputs = {k: batch[k] for k in ("input_ids", "segment_ids", "input_mask")}
-        return texthide.texthide_eval_logits(encoder_apply, head_apply, params, inputs, key,
-                                             pool=pool)
+        return texthide.texthide_eval_logits(
+            encoder_apply, head_apply, params, inputs, jax.random.fold_in(run_key, _EVAL_SALT),
+            pool=user.pool(run_key))
 
     return logits_fn

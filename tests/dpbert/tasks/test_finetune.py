@@ -624,8 +624,12 @@ def _losses(task, c, data, *, plain: bool):
     graphdef, params = nnx.split(data.extra["model"])
     batch = {k: v for k, v in data.train.get_batch(np.arange(16), step=0).items()
              if k != "example_id"}
+    plain_batch = batch
+    transform = task.batch_transform(c, data.extra["model"], data)  # the secret key's way in
+    batch = transform.train(transform.operand, batch, 0, 0)
     args = (params, batch, np.ones(16, bool), jax.random.split(jax.random.PRNGKey(3), 16))
     out = [jax.jit(task.loss(graphdef, c, "batch", data))(*args)]
+    args = (params, plain_batch, *args[2:])
     if plain:
         out.append(jax.jit(clipping.batch_loss(task.example_loss(graphdef,
                                                                  deterministic=False)))(*args))
@@ -642,12 +646,14 @@ def test_texthide_m0_k1_is_plain_fine_tuning_and_the_pool_comes_from_the_secret_
     task, c, data = _texthide_task(toy, tmp_path, key, m=8, k=4)
     (mixed, _), = _losses(task, c, data, plain=False)
     assert abs(float(mixed) - float(p_loss)) > 1e-3            # mixing and masks do act
-    pool = data.extra["user_side"].pool()
+    user = data.extra["user_side"]
+    pool = user.pool(user.key)
     assert pool.masks.shape == (8, 32) and set(np.unique(pool.masks)) == {-1.0, 1.0}
-    np.testing.assert_array_equal(pool.masks, data.extra["user_side"].pool().masks)
+    np.testing.assert_array_equal(pool.masks, user.pool(user.key).masks)
     other, _, other_data = _texthide_task(toy, tmp_path, np.array([5, 7], np.uint32), m=8,
                                           k=4, texthide_head="mlp", texthide_head_input_norm="rms")
-    assert not np.array_equal(pool.masks, other_data.extra["user_side"].pool().masks)
+    other_user = other_data.extra["user_side"]
+    assert not np.array_equal(pool.masks, other_user.pool(other_user.key).masks)
     assert hasattr(other_data.extra["model"].classifier, "head")   # the paper's MLP head
     # the exported settings say how to run the head (texthide_config.json carries the report)
     assert other_data.extra["model"].classifier.head.input_norm == "rms"

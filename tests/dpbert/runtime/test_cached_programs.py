@@ -1,0 +1,188 @@
+"""No secret is compiled into a program: JAX's persistent compilation cache (on by default for
+the launchers, `dpbert.runtime.compile_cache`) writes every compiled program to disk, where it
+outlives the run and may be shared (a team's cache folder, a bucket). A key the DP noise,
+sampling, dropout or dχ release depends on that is a CONSTANT of a program (closed over instead
+of passed as an argument) would be readable there, and with it the noise.
+
+Two checks over a cache folder of the test's own (every program compiled is written; those this
+process compiled before are in memory and not compiled again, but a program holding this
+run's secrets is new by construction):
+- a second run with OTHER secrets writes no new program: a program whose text depends on a
+  secret, or on anything derived from one (a folded key), differs between the two runs;
+- no 32-bit word of the run's secrets, or of the keys the code derives from them on the host,
+  appears in any cached program (a positive control shows the scan finds a closed-over key).
+"""
+
+import dataclasses
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dpbert.dp import randomness
+from dpbert.tasks import pretraining as train
+from tests.dpbert.tasks.test_pretraining import (  # noqa: F401  (cache_dir: the fixture)
+    cache_dir, small_config)
+from tests.dpbert.tasks.test_pretraining_inputs import hf_start  # noqa: F401  (fixture)
+
+# Distinct words no program would hold by chance (checked against the control below).
+FIRST = randomness.RunSecrets((0x9E3779B9, 0x7F4A7C15), (0x6A09E667 << 32) | 0x3C6EF372,
+                              True, (0xBB67AE85, 0xA54FF53A))
+SECOND = randomness.RunSecrets((0x510E527F, 0x1F83D9AB), (0x5BE0CD19 << 32) | 0x243F6A88,
+                               True, (0x9B05688C, 0x85A308D3))
+
+
+@pytest.fixture
+def own_cache(tmp_path):
+    """This test's own persistent cache folder (the session's is shared with the other
+    pytest-xdist worker, whose programs would look new); every program compiled is written."""
+    from jax._src import compilation_cache  # noqa: PLC0415
+
+    assert os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") == "0"  # all written
+    previous = jax.config.jax_compilation_cache_dir
+    folder = tmp_path / "xla_cache"
+    folder.mkdir()
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    compilation_cache.reset_cache()
+    yield folder
+    jax.config.update("jax_compilation_cache_dir", previous)
+    compilation_cache.reset_cache()
+
+
+def _programs(folder: pathlib.Path) -> dict[str, bytes]:
+    from jax._src import compilation_cache  # noqa: PLC0415  (its own on-disk format)
+
+    return {p.name: compilation_cache.decompress_executable(p.read_bytes())
+            for p in folder.iterdir() if p.name.endswith("-cache")}
+
+
+def _words(secrets: randomness.RunSecrets) -> set[bytes]:
+    """The secrets' 32-bit words and those of the keys derived from them on the host."""
+    task = np.asarray(secrets.task_key, np.uint32)
+    derived = [randomness.dropout_key(task),
+               np.asarray(jax.random.fold_in(jnp.asarray(task), train._DCHI_STREAM))]  # noqa: SLF001
+    words = [*secrets.noise_key, secrets.sampler_seed >> 32, secrets.sampler_seed & 0xFFFFFFFF,
+             *secrets.task_key, *(int(w) for k in derived for w in np.ravel(k))]
+    return {int(w).to_bytes(4, "little") for w in words}
+
+
+def _found(programs: dict[str, bytes], words: set[bytes]) -> list[str]:
+    return sorted(f"{name[:60]}: {word.hex()}" for name, raw in programs.items()
+                  for word in words if word in raw)
+
+
+def _run_with(secrets, monkeypatch, run, workdir):
+    """`run(workdir)` with `secrets` as the secrets a fresh run draws."""
+    drawn = []
+    monkeypatch.setattr(randomness.RunSecrets, "draw",
+                        classmethod(lambda cls: drawn.append(1) or secrets))
+    run(workdir)
+    assert drawn  # the run drew (these) secrets
+
+
+def _dchi_config(start, corpus, cache_dir):
+    from configs import privacy_adaptive  # noqa: PLC0415
+
+    c = privacy_adaptive.get_config("text_to_text")
+    c.model.init_from_hf = str(start)
+    c.dp.enabled = True
+    c.dp.insecure_seeded_noise = False
+    c.dp.noise_multiplier = 1.0
+    c.dp.target_epsilon = 100.0
+    c.dp.delta = 1e-4
+    c.dchi.prob_samples = 3
+    c.dchi.eta = 50.0
+    c.data.paths = (str(corpus),)
+    c.data.max_seq_length = 32
+    c.data.max_predictions_per_seq = 5
+    c.data.eval_fraction = 0.1
+    c.data.cache_dir = str(cache_dir / "instances")
+    c.batch.expected_batch_size = c.batch.physical_batch_size = 16
+    c.model.hidden_dropout_prob = 0.1  # the secret dropout key in use too
+    c.optimizer.warmup_steps = 1
+    c.train.num_steps = 2
+    c.train.log_every = 1
+    c.train.eval_every = 2
+    c.train.eval_batches = 1
+    c.train.eval_batch_size = 16
+    c.train.export_hf = False
+    c.checkpoint.async_save = False
+    return c
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    from tests.dpbert.tasks import finetune_fixtures as fx  # noqa: PLC0415
+
+    root = tmp_path_factory.mktemp("toy")
+    train_tsv, eval_tsv = fx.sentiment_tsvs(root / "data")
+    return {"ckpt": fx.tiny_checkpoint(root / "ckpt"), "train": train_tsv, "eval": eval_tsv}
+
+
+def _finetune_run(toy, overrides):
+    from dpbert.tasks import classification, finetuning  # noqa: PLC0415
+    from tests.dpbert.tasks.test_finetune import config  # noqa: PLC0415
+
+    c = config(toy, **{"train.epochs": 1.0, "train.export_hf": False, **overrides})
+    return lambda workdir: finetuning.finetune(classification.ClassificationTask(), c, workdir)
+
+
+# Every kind of run that holds a secret key: DP-SGD (noise, sampling, dropout), dχ in
+# pretraining (the privatization keyed by batch position), fine-tuning's input modes (the users'
+# release, TextHide's masks and mixing).
+KINDS = ["pretraining", "privacy_adaptive", "finetune_token_rep_dp", "finetune_ome",
+         "finetune_texthide"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_secret_is_compiled_into_a_cached_program(kind, hf_start, toy, cache_dir, tmp_path,
+                                                     monkeypatch, own_cache):
+    if kind == "pretraining":
+        config = small_config(cache_dir, **{"dp.insecure_seeded_noise": False,
+                                            "train.num_steps": 3, "train.export_hf": False})
+        run = lambda workdir: train.train_and_evaluate(config, workdir)  # noqa: E731
+    elif kind == "privacy_adaptive":
+        config = _dchi_config(*hf_start, cache_dir)
+        run = lambda workdir: train.train_and_evaluate(config, workdir)  # noqa: E731
+    elif kind == "finetune_token_rep_dp":
+        run = _finetune_run(toy, {"privacy.mode": "token_rep", "dp.enabled": True,
+                                  "dp.noise_multiplier": 1.0, "dp.target_epsilon": None,
+                                  "model.hidden_dropout_prob": 0.1})
+    elif kind == "finetune_ome":
+        run = _finetune_run(toy, {"privacy.mode": "ome"})
+    else:
+        run = _finetune_run(toy, {"privacy.mode": "texthide", "privacy.k": 2,
+                                  "privacy.m": 4})
+    _run_with(FIRST, monkeypatch, run, tmp_path / "a")
+    after_first = _programs(own_cache)
+    assert after_first  # the cache is on and holds this run's programs
+    _run_with(SECOND, monkeypatch, run, tmp_path / "b")
+    after_second = _programs(own_cache)
+    new = sorted(set(after_second) - set(after_first))
+    assert not new, f"programs compiled again for other secrets (a secret is a constant): {new}"
+    assert not _found(after_second, _words(FIRST) | _words(SECOND))
+
+
+def test_both_checks_find_a_key_compiled_in_as_a_constant(own_cache):
+    """The positive control: a program that closes over a key holds its words, and another
+    key makes another program."""
+    def leaky_run(noise_key):
+        key = jnp.asarray(np.asarray(noise_key, np.uint32))
+        jax.jit(lambda x: x + jax.random.normal(jax.random.wrap_key_data(key), x.shape))(
+            jnp.zeros(3)).block_until_ready()
+
+    secrets = dataclasses.replace(FIRST, noise_key=(0x0DDBA11C, 0x0FFEE123))
+    leaky_run(secrets.noise_key)
+    first = _programs(own_cache)
+    assert _found(first, _words(secrets))
+    leaky_run((0x0DDBA11D, 0x0FFEE124))
+    assert set(_programs(own_cache)) - set(first)
+    # ... and passed as an argument, it is not compiled in.
+    safe = jax.jit(lambda k, x: x + jax.random.normal(jax.random.wrap_key_data(k), x.shape))
+    safe(jnp.asarray(np.asarray([0x0BADCAFE, 0x0DEFACED], np.uint32)), jnp.zeros(4))
+    assert not _found(_programs(own_cache),
+                      {w.to_bytes(4, "little") for w in (0x0BADCAFE, 0x0DEFACED)})
