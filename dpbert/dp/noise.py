@@ -232,10 +232,10 @@ def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     y = C^-1 z row by row: y_t = (z_t - sum_{j>=1} c_j y_{t-j}) / c_0, where z_t is the i.i.d.
     N(0, I) draw that `add_noise` would scale by `stddev` at this key (our generator, our
     secret key: the same bits) and c = `strategy` (C's first column). `buffers`: (y_{t-1}, ...,
-    y_{t-b+1}), pytrees like `clipped_sum` (zeros before the first step) whose frozen leaves
-    hold a scalar placeholder (`buffer_zeros`: a frozen leaf gets no noise, so it has no y to keep; with
-    train.trainable=head on MiniLM full-size buffers were 3 x 91 MB and made the step 7x
-    slower); returned shifted, y_t first. One band ((c_0,) and no buffers) is `add_noise`
+    y_{t-b+1}), each a list of float32 arrays, one per TRAINABLE leaf of `clipped_sum` in
+    `jax.tree.leaves` order (`buffer_zeros`: a frozen leaf gets no noise, so it has no y to
+    keep; with train.trainable=head on MiniLM, buffers shaped like every parameter were
+    3 x 91 MB of zeros and made the step 8x slower); returned shifted, y_t first. One band ((c_0,) and no buffers) is `add_noise`
     itself, bit for bit when c_0 = 1.
 
     `layouts` only spread the i.i.d. draw of one band (`add_noise`); with more bands every
@@ -251,31 +251,28 @@ def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
             raise TypeError(f"clipped sum leaf has dtype {leaf.dtype}; noise is added to "
                             "the float32 sum, with nothing in between")
     mask = trees.resolve_trainable_mask(clipped_sum, trainable)
-    leaves = jax.tree.leaves(clipped_sum)
-    trained = [leaf for leaf, t in zip(leaves, jax.tree.leaves(mask)) if t]
+    leaves, treedef = jax.tree.flatten(clipped_sum)
+    trained = [i for i, t in enumerate(jax.tree.leaves(mask)) if t]
+    for buffer in buffers:
+        if len(buffer) != len(trained):
+            raise ValueError(f"a BandMF buffer holds {len(buffer)} arrays, the sum has "
+                             f"{len(trained)} trainable leaves")
     if trained:
-        key = _after(key, min(trained, key=lambda leaf: leaf.size))
-    z = gaussian_noise(clipped_sum, key, 1.0, mask, None, flat)
+        key = _after(key, min((leaves[i] for i in trained), key=lambda leaf: leaf.size))
+    z = jax.tree.leaves(gaussian_noise(clipped_sum, key, 1.0, mask, None, flat))
     c = [jnp.float32(x) for x in strategy]
-
-    def row(train, z_leaf, *previous):
-        if not train:  # frozen: no noise; its buffer (a placeholder) stays as it is
-            return previous[0] if previous else jnp.zeros((), jnp.float32)
-        acc = z_leaf
-        for c_j, y_j in zip(c[1:], previous):
-            acc = acc - c_j * y_j
-        return acc / c[0]
-
-    y = jax.tree.map(row, mask, z, *buffers)
-    noisy = jax.tree.map(lambda train, x, n: x + stddev * n if train else x, mask,
-                         clipped_sum, y)
-    return noisy, (y, *buffers[:-1])
+    noisy, y = list(leaves), []
+    for j, i in enumerate(trained):  # frozen leaves: no noise, nothing kept
+        acc = z[i]
+        for c_k, previous in zip(c[1:], buffers):
+            acc = acc - c_k * previous[j]
+        y.append(acc / c[0])
+        noisy[i] = leaves[i] + stddev * y[-1]
+    return jax.tree.unflatten(treedef, noisy), (y, *buffers[:-1])
 
 
-def buffer_zeros(params: PyTree, trainable: trees.TrainableFilter = None) -> PyTree:
+def buffer_zeros(params: PyTree, trainable: trees.TrainableFilter = None) -> list:
     """One BandMF buffer before the first step (`add_correlated_noise`): float32 zeros like
-    each trainable leaf of `params`, a scalar 0 for each frozen one (a placeholder: orbax does
-    not save empty arrays)."""
-    mask = trees.resolve_trainable_mask(params, trainable)
-    return jax.tree.map(lambda train, x: jnp.zeros(x.shape if train else (), jnp.float32),
-                        mask, params)
+    each trainable leaf of `params`, in `jax.tree.leaves` order."""
+    return trees.trainable_leaves(params, trainable,
+                                  lambda x: jnp.zeros(x.shape, jnp.float32))

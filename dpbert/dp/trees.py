@@ -71,6 +71,13 @@ def resolve_trainable_mask(params: PyTree, trainable: TrainableFilter) -> PyTree
     return mask
 
 
+def trainable_leaves(tree: PyTree, trainable: TrainableFilter,
+                     fn: Callable[[Any], Any] = lambda x: x) -> list:
+    """[fn(leaf) for each trainable leaf of `tree`], in `jax.tree.leaves` order."""
+    mask = resolve_trainable_mask(tree, trainable)
+    return [fn(x) for x, t in zip(jax.tree.leaves(tree), jax.tree.leaves(mask)) if t]
+
+
 def freeze_paths_containing(*names: str) -> Callable[[tuple[str, ...], Any], bool]:
     """Predicate making trainable every leaf whose path names contain none of `names`.
 

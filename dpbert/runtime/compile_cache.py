@@ -9,8 +9,9 @@ $DPBERT_COMPILATION_CACHE_DIR when that is set (empty: off), else JAX's own
 $JAX_COMPILATION_CACHE_DIR (tests/conftest.py points both at a fresh temporary folder), else
 $XDG_CACHE_HOME/dpbert/jax, else ~/.cache/dpbert/jax; "" turns the cache off; anything else is
 the folder.  What the cache holds is compiled programs, so nothing secret may be a constant in
-one: the run's keys (noise, sampling, dropout) are arguments of the jitted functions
-(`dpbert.runtime.loop`), never closed over.
+one: the run's keys (noise, sampling, dropout; a task's own, e.g. dχ's and TextHide's, through
+the loop's batch-transform operand) are arguments of the jitted functions
+(`dpbert.runtime.loop`), never closed over (tests/dpbert/runtime/test_cached_programs.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ from dpbert.dp import randomness
 from dpbert.tasks import pretraining as train
 from tests.dpbert.tasks.test_pretraining import (  # noqa: F401  (cache_dir: the fixture)
     cache_dir, small_config)
-from tests.dpbert.tasks.test_pretraining_inputs import hf_start  # noqa: F401  (fixture)
+from tests.dpbert.tasks.test_pretraining_inputs import (  # noqa: F401  (hf_start: fixture)
+    hf_start, small_privacy_adaptive_config)
 
 # Distinct words no program would hold by chance (checked against the control below).
 FIRST = randomness.RunSecrets((0x9E3779B9, 0x7F4A7C15), (0x6A09E667 << 32) | 0x3C6EF372,
@@ -83,33 +84,17 @@ def _run_with(secrets, monkeypatch, run, workdir):
     assert drawn  # the run drew (these) secrets
 
 
-def _dchi_config(start, corpus, cache_dir):
-    from configs import privacy_adaptive  # noqa: PLC0415
-
-    c = privacy_adaptive.get_config("text_to_text")
-    c.model.init_from_hf = str(start)
+def _dchi_config(hf_start, cache_dir):
+    """DP pretraining on dχ-privatized inputs (secret noise, sampling, dropout and dχ keys)."""
+    c = small_privacy_adaptive_config(hf_start, cache_dir)
     c.dp.enabled = True
     c.dp.insecure_seeded_noise = False
     c.dp.noise_multiplier = 1.0
     c.dp.target_epsilon = 100.0
     c.dp.delta = 1e-4
-    c.dchi.prob_samples = 3
-    c.dchi.eta = 50.0
-    c.data.paths = (str(corpus),)
-    c.data.max_seq_length = 32
-    c.data.max_predictions_per_seq = 5
-    c.data.eval_fraction = 0.1
-    c.data.cache_dir = str(cache_dir / "instances")
-    c.batch.expected_batch_size = c.batch.physical_batch_size = 16
-    c.model.hidden_dropout_prob = 0.1  # the secret dropout key in use too
-    c.optimizer.warmup_steps = 1
-    c.train.num_steps = 2
-    c.train.log_every = 1
-    c.train.eval_every = 2
-    c.train.eval_batches = 1
-    c.train.eval_batch_size = 16
+    c.model.hidden_dropout_prob = 0.1
+    c.train.eval_every = 2  # the eval program too
     c.train.export_hf = False
-    c.checkpoint.async_save = False
     return c
 
 
@@ -146,7 +131,7 @@ def test_no_secret_is_compiled_into_a_cached_program(kind, hf_start, toy, cache_
                                             "train.num_steps": 3, "train.export_hf": False})
         run = lambda workdir: train.train_and_evaluate(config, workdir)  # noqa: E731
     elif kind == "privacy_adaptive":
-        config = _dchi_config(*hf_start, cache_dir)
+        config = _dchi_config(hf_start, cache_dir)
         run = lambda workdir: train.train_and_evaluate(config, workdir)  # noqa: E731
     elif kind == "finetune_token_rep_dp":
         run = _finetune_run(toy, {"privacy.mode": "token_rep", "dp.enabled": True,

@@ -38,19 +38,13 @@ def hf_start(tmp_path_factory):
     return root / "bert", corpus
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mechanism,target", [("text_to_text", "vanilla"),
-                                              ("text_to_text", "prob"),
-                                              ("token_rep", "denoising")])
-def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_path, mechanism,
-                                                    target):
+def small_privacy_adaptive_config(hf_start, cache_dir, mechanism: str = "text_to_text"):
+    """configs/privacy_adaptive.py at the tests' size, from `hf_start` (2 steps, batch 16)."""
     from configs import privacy_adaptive
-    from safetensors.numpy import load_file
 
     start, corpus = hf_start
     c = privacy_adaptive.get_config(mechanism)
     c.model.init_from_hf = str(start)
-    c.mlm_target = target
     c.dchi.prob_samples = 3
     c.dchi.eta = 50.0
     c.data.paths = (str(corpus),)
@@ -60,13 +54,27 @@ def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_pat
     c.data.cache_dir = str(cache_dir / "instances")
     c.batch.expected_batch_size = c.batch.physical_batch_size = 16
     c.optimizer.warmup_steps = 1
-    c.optimizer.learning_rate = 1e-2
     c.train.num_steps = 2
     c.train.log_every = 1
     c.train.eval_every = 0
     c.train.eval_batches = 1
     c.train.eval_batch_size = 16
     c.checkpoint.async_save = False
+    return c
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mechanism,target", [("text_to_text", "vanilla"),
+                                              ("text_to_text", "prob"),
+                                              ("token_rep", "denoising")])
+def test_privacy_adaptive_config_trains_each_target(hf_start, cache_dir, tmp_path, mechanism,
+                                                    target):
+    from safetensors.numpy import load_file
+
+    start, _ = hf_start
+    c = small_privacy_adaptive_config(hf_start, cache_dir, mechanism)
+    c.mlm_target = target
+    c.optimizer.learning_rate = 1e-2
     report = train.train_and_evaluate(c, tmp_path / "run")
     assert report["dp"] is False and report["steps"] == 2
     # The export keeps its history (issue 36): mechanism, eta, target on the report and card.
