@@ -9,8 +9,9 @@ process compiled before are in memory and not compiled again, but a program hold
 run's secrets is new by construction):
 - a second run with OTHER secrets writes no new program: a program whose text depends on a
   secret, or on anything derived from one (a folded key), differs between the two runs;
-- no 32-bit word of the run's secrets, or of the keys the code derives from them on the host,
-  appears in any cached program (a positive control shows the scan finds a closed-over key).
+- no program compiled since the secrets exist holds both 32-bit words of a secret key (or of a
+  key the code derives from one on the host); a positive control shows the scan finds a
+  closed-over key.
 """
 
 import dataclasses
@@ -29,11 +30,12 @@ from tests.dpbert.tasks.test_pretraining import cache_dir  # noqa: F401  (the fi
 from tests.dpbert.tasks.test_pretraining_inputs import (  # noqa: F401  (hf_start: fixture)
     hf_start, small_privacy_adaptive_config)
 
-# Distinct words no program would hold by chance (checked against the control below).
-FIRST = randomness.RunSecrets((0x9E3779B9, 0x7F4A7C15), (0x6A09E667 << 32) | 0x3C6EF372,
-                              True, (0xBB67AE85, 0xA54FF53A))
-SECOND = randomness.RunSecrets((0x510E527F, 0x1F83D9AB), (0x5BE0CD19 << 32) | 0x243F6A88,
-                               True, (0x9B05688C, 0x85A308D3))
+# Drawn once at random (not well-known constants: the SHA-256 words, e.g., are Philox's and
+# appear in XLA's own random-number programs).
+FIRST = randomness.RunSecrets((0xA347E91A, 0x986DFF01), (0xBEE81142 << 32) | 0xB74528F7,
+                              True, (0xF90B4D7E, 0xFEC48145))
+SECOND = randomness.RunSecrets((0x01AFCCB1, 0xC0AE32B9), (0xF857855F << 32) | 0xF36DDC0D,
+                               True, (0x307C98EE, 0xA600E18C))
 
 
 @pytest.fixture
@@ -68,19 +70,22 @@ def _programs(folder: pathlib.Path) -> dict[str, bytes]:
             for p in folder.iterdir() if p.name.endswith("-cache")}
 
 
-def _words(secrets: randomness.RunSecrets) -> set[bytes]:
-    """The secrets' 32-bit words and those of the keys derived from them on the host."""
+def _keys(secrets: randomness.RunSecrets) -> list[tuple[int, int]]:
+    """The secrets as pairs of 32-bit words (the sampler seed's two halves among them), and the
+    keys the code derives from them on the host."""
     task = np.asarray(secrets.task_key, np.uint32)
     derived = [randomness.dropout_key(task),
                np.asarray(jax.random.fold_in(jnp.asarray(task), train._DCHI_STREAM))]  # noqa: SLF001
-    words = [*secrets.noise_key, secrets.sampler_seed >> 32, secrets.sampler_seed & 0xFFFFFFFF,
-             *secrets.task_key, *(int(w) for k in derived for w in np.ravel(k))]
-    return {int(w).to_bytes(4, "little") for w in words}
+    return [secrets.noise_key, (secrets.sampler_seed >> 32, secrets.sampler_seed & 0xFFFFFFFF),
+            secrets.task_key, *(tuple(int(w) for w in np.ravel(k)) for k in derived)]
 
 
-def _found(programs: dict[str, bytes], words: set[bytes]) -> list[str]:
-    return sorted(f"{name[:60]}: {word.hex()}" for name, raw in programs.items()
-                  for word in words if word in raw)
+def _found(programs: dict[str, bytes], keys: list[tuple[int, int]]) -> list[str]:
+    """The programs holding both words of a key (a compiled-in constant is not always one
+    literal: its words may be separate immediates of the machine code)."""
+    return sorted(f"{name[:60]}: {a:08x} {b:08x}" for name, raw in programs.items()
+                  for a, b in keys
+                  if a.to_bytes(4, "little") in raw and b.to_bytes(4, "little") in raw)
 
 
 def _run_with(secrets, monkeypatch, run, workdir):
@@ -147,14 +152,17 @@ def test_no_secret_is_compiled_into_a_cached_program(kind, hf_start, toy, cache_
     else:
         run = _finetune_run(toy, {"privacy.mode": "texthide", "privacy.k": 2,
                                   "privacy.m": 4})
+    before = set(_programs(own_cache))  # the session's, linked: compiled before these secrets
     _run_with(FIRST, monkeypatch, run, tmp_path / "a")
     after_first = _programs(own_cache)
-    assert after_first  # the cache is on and holds this run's programs
+    assert set(after_first) - before  # the cache is on and holds this run's new programs
     _run_with(SECOND, monkeypatch, run, tmp_path / "b")
     after_second = _programs(own_cache)
     new = sorted(set(after_second) - set(after_first))
     assert not new, f"programs compiled again for other secrets (a secret is a constant): {new}"
-    assert not _found(after_second, _words(FIRST) | _words(SECOND))
+    # The programs compiled since the secrets exist (the others cannot hold them).
+    assert not _found({n: raw for n, raw in after_second.items() if n not in before},
+                      _keys(FIRST) + _keys(SECOND))
 
 
 def test_both_checks_find_a_key_compiled_in_as_a_constant(own_cache):
@@ -165,14 +173,14 @@ def test_both_checks_find_a_key_compiled_in_as_a_constant(own_cache):
         jax.jit(lambda x: x + jax.random.normal(jax.random.wrap_key_data(key), x.shape))(
             jnp.zeros(3)).block_until_ready()
 
-    secrets = dataclasses.replace(FIRST, noise_key=(0x0DDBA11C, 0x0FFEE123))
+    before = set(_programs(own_cache))
+    secrets = dataclasses.replace(FIRST, noise_key=(0x5D2C71E3, 0x1B8F0A64))
     leaky_run(secrets.noise_key)
     first = _programs(own_cache)
-    assert _found(first, _words(secrets))
-    leaky_run((0x0DDBA11D, 0x0FFEE124))
+    assert _found({n: raw for n, raw in first.items() if n not in before}, _keys(secrets))
+    leaky_run((0x5D2C71E4, 0x1B8F0A65))
     assert set(_programs(own_cache)) - set(first)
     # ... and passed as an argument, it is not compiled in.
     safe = jax.jit(lambda k, x: x + jax.random.normal(jax.random.wrap_key_data(k), x.shape))
-    safe(jnp.asarray(np.asarray([0x0BADCAFE, 0x0DEFACED], np.uint32)), jnp.zeros(4))
-    assert not _found(_programs(own_cache),
-                      {w.to_bytes(4, "little") for w in (0x0BADCAFE, 0x0DEFACED)})
+    safe(jnp.asarray(np.asarray([0x6E93A2D7, 0x2C40F5B8], np.uint32)), jnp.zeros(4))
+    assert not _found(_programs(own_cache), [(0x6E93A2D7, 0x2C40F5B8)])
