@@ -235,8 +235,8 @@ def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     y_{t-b+1}), each a list of float32 arrays, one per TRAINABLE leaf of `clipped_sum` in
     `jax.tree.leaves` order (`buffer_zeros`: a frozen leaf gets no noise, so it has no y to
     keep; with train.trainable=head on MiniLM, buffers shaped like every parameter were
-    3 x 91 MB of zeros and made the step 8x slower); returned shifted, y_t first. One band ((c_0,) and no buffers) is `add_noise`
-    itself, bit for bit when c_0 = 1.
+    3 x 91 MB of zeros and made the step 8x slower); returned shifted, y_t first. One band
+    ((c_0,) and no buffers) is `add_noise` itself, bit for bit when c_0 = 1.
 
     `layouts` only spread the i.i.d. draw of one band (`add_noise`); with more bands every
     device computes its own copy of a replicated leaf's noise (the same values).

@@ -196,8 +196,8 @@ class Checkpointer:
     def layout_problem(self, step: int, abstract_state: Any) -> str | None:
         """How the training state saved at `step` differs from `abstract_state` in its leaves'
         paths, shapes and dtypes (a checkpoint written by another version of dpbert, e.g.
-        before BandMF's frozen leaves kept placeholders), or None; None too when the state's
-        metadata does not read back (`restore` then finds the step damaged)."""
+        before BandMF kept buffers for the trainable leaves only), or None; None too when the
+        state's metadata does not read back (`restore` then finds the step damaged)."""
         try:
             tree = self._manager.item_metadata(step)["state"]
         except Exception:  # orbax raises several types for a damaged step

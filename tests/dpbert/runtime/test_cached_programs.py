@@ -74,8 +74,9 @@ def _keys(secrets: randomness.RunSecrets) -> list[tuple[int, int]]:
     """The secrets as pairs of 32-bit words (the sampler seed's two halves among them), and the
     keys the code derives from them on the host."""
     task = np.asarray(secrets.task_key, np.uint32)
+    dchi = train._DCHI_STREAM  # noqa: SLF001
     derived = [randomness.dropout_key(task),
-               np.asarray(jax.random.fold_in(jnp.asarray(task), train._DCHI_STREAM))]  # noqa: SLF001
+               np.asarray(jax.random.fold_in(jnp.asarray(task), dchi))]
     return [secrets.noise_key, (secrets.sampler_seed >> 32, secrets.sampler_seed & 0xFFFFFFFF),
             secrets.task_key, *(tuple(int(w) for w in np.ravel(k)) for k in derived)]
 
