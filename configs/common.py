@@ -507,9 +507,11 @@ def finetune_config() -> ml_collections.ConfigDict:
     c.privacy.texthide_head = "mlp"
     # The MLP head's input normalisation: "rms" divides each hidden row by its root mean square
     # (the same under every sign mask, so it reads nothing the row does not carry), "none" is
-    # the paper's head; and the std of its weights at initialisation.
-    c.privacy.texthide_head_input_norm = "none"
-    c.privacy.texthide_head_init = 0.02
+    # the paper's head; and the std of its weights at initialisation (the paper's: 0.02). The
+    # defaults are what learns: MiniLM on RT, (256, 4), 20 epochs on an H100, dev 0.849 intra
+    # / 0.856 inter; with the paper's head ("none", 0.02) the constant prediction (0.471).
+    c.privacy.texthide_head_input_norm = "rms"
+    c.privacy.texthide_head_init = 0.1
 
     # DP-SGD on the downstream set (its own (ε, δ), privacy unit: one training example as the
     # task defines it). Off by default: the downstream data is protected by the input privacy.

@@ -8,7 +8,8 @@
 #   benchmarks/accelerator/dp_pretraining.sh           # one H100 (<= 8 minutes); carry .whl
 #   benchmarks/accelerator/dp_pretraining.sh --smoke   # the same parts on the CPU, tiny sizes
 #
-# Sizes (env overrides DPP_NOTES, DPP_SEQ, DPP_BATCH, DPP_STEPS, DPP_LR, DPP_PHYSICAL):
+# Sizes (env overrides DPP_NOTES, DPP_SEQ, DPP_BATCH, DPP_STEPS, DPP_LR, DPP_PHYSICAL; DPP_CELL_S
+# is each cell's time limit, 150 s):
 # 40,000 synthetic notes + the 900-note sample, sequences of 64 pieces: about 280k training
 # sequences (N), so B = 16,384 gives q ~ 0.06; 10 steps; all 22.7M parameters (d), C = 0.01,
 # delta = 1e-6, AdamW lr 5e-4 (2 warm-up steps; a choice for 10 large steps, not tuned). sigma
@@ -27,6 +28,9 @@
 # NER (2 epochs, 136 documents) ~20 s per checkpoint after the first compile. In all 400-560 s:
 # the budget (470 s) may not reach the last cell (eps = 3) and its NER run; the parts are
 # ordered so that what ran is complete (public, inf, 8, their NER, then 3 and its NER).
+# Measured on one H100 (2026-11-27, DPP_BUDGET_S=545 DPP_CELL_S=180): 431 s wall, every part;
+# public 63 s, cells inf 83 s / eps 8 94 s / eps 3 97 s, NER (inf, 8) 71 s, table 20 s
+# (BENCHMARKS "At accelerator scale", third device run; JSON in results/2026-11-27-h100).
 # --smoke: 150 notes, sequences of 32, B = 64, 2 steps, 2 public steps of 4 x 32, 20 NER notes;
 # a random 2-layer BERT of width 64 with MiniLM's vocabulary instead of MiniLM (common.sh).
 #
@@ -54,10 +58,10 @@ DPU=($PY benchmarks/dp_utility.py --out="$WORK/dpu" "${SIZES[@]}" --plain_steps=
 TABLE=(--report_only --json_out="$OUT/dp_pretraining_table.json")
 
 part versions 30 $PY benchmarks/accelerator/collect.py versions
-part public 100 "${DPU[@]}" --epsilons=inf --stop_after=corpus
-part cell_inf 150 "${DPU[@]}" --epsilons=inf --stop_after=cells
-part cell_eps8 150 "${DPU[@]}" --epsilons=8 --stop_after=cells
+part public 120 "${DPU[@]}" --epsilons=inf --stop_after=corpus
+part cell_inf "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=inf --stop_after=cells
+part cell_eps8 "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=8 --stop_after=cells
 part ner_inf_eps8 80 "${DPU[@]}" --epsilons=inf,8 "${TABLE[@]}"
-part cell_eps3 150 "${DPU[@]}" --epsilons=3 --stop_after=cells
+part cell_eps3 "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=3 --stop_after=cells
 part table 60 "${DPU[@]}" --epsilons=inf,8,3 "${TABLE[@]}"
 acc_done

@@ -651,11 +651,12 @@ def test_texthide_m0_k1_is_plain_fine_tuning_and_the_pool_comes_from_the_secret_
     assert pool.masks.shape == (8, 32) and set(np.unique(pool.masks)) == {-1.0, 1.0}
     np.testing.assert_array_equal(pool.masks, user.pool(user.key).masks)
     other, _, other_data = _texthide_task(toy, tmp_path, np.array([5, 7], np.uint32), m=8,
-                                          k=4, texthide_head="mlp", texthide_head_input_norm="rms")
+                                          k=4, texthide_head="mlp")
     other_user = other_data.extra["user_side"]
     assert not np.array_equal(pool.masks, other_user.pool(other_user.key).masks)
     assert hasattr(other_data.extra["model"].classifier, "head")   # the paper's MLP head
-    # the exported settings say how to run the head (texthide_config.json carries the report)
+    # the MLP head's input is RMS-normalised by default; the exported settings say how to run
+    # the head (texthide_config.json carries the report)
     assert other_data.extra["model"].classifier.head.input_norm == "rms"
     other_report = other_data.extra["user_side"].report(epochs=1)
     assert other_report["head_input_norm"] == "rms" and "RMS" in other_report["head"]
