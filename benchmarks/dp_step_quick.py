@@ -5,12 +5,15 @@ issue 32: <= 1.3x), its time (median of `--rounds` interleaved rounds), its temp
 largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memory_cap_mib`, by a
 short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
 compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
-draw before issue 32), for the side-by-side compile ratio.  Which generator ran
+draw before issue 32), `--quick_jax_prng` the DP step with `jax.random`'s generator
+(DPBERT_PRNG=jax), each for the side-by-side compile ratio.  Which generator ran
 (`dpbert.prng.generator`, DPBERT_PRNG) and the library versions go into the row.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import sys
 
@@ -26,6 +29,9 @@ _PER_LEAF = flags.DEFINE_bool("quick_per_leaf", False, "--quick: also compile th
 _SIGMA0 = flags.DEFINE_bool("quick_sigma0", False, "--quick: also time the DP step with "
                             "sigma = 0 (clipping without the noise), to split the DP step's "
                             "extra time between the clipping and the noise.")
+_JAX_PRNG = flags.DEFINE_bool("quick_jax_prng", False, "--quick: also compile the DP step "
+                               "with jax.random's generator (DPBERT_PRNG=jax) instead of the "
+                               "unrolled one, for the side-by-side compile ratio.")
 _MAX_COMPILES = flags.DEFINE_integer("quick_max_compiles", 2, "--quick: compiles per step in "
                                      "the search of the largest batch.")
 
@@ -59,6 +65,11 @@ def bench(ds, preset: str, devices: int) -> dict:
     if _PER_LEAF.value:
         per_leaf_s = ds.Bench.compile(*bench_.dp_step(clipper, b, noise_flat=False))[1]
         _log(f"{tag} dp with the noise drawn leaf by leaf compiled in {per_leaf_s:.1f} s")
+    jax_prng_s = None
+    if _JAX_PRNG.value:
+        with _generator("jax"):
+            jax_prng_s = ds.Bench.compile(*bench_.dp_step(clipper, b))[1]
+        _log(f"{tag} dp with jax.random's generator compiled in {jax_prng_s:.1f} s")
     times = ({} if ds._COMPILE_ONLY.value
              else ds.time_interleaved(steps, compiled, ds._ROUNDS.value))
     if times:  # logged before the search, so a part cut short by its timeout still has them
@@ -102,8 +113,25 @@ def bench(ds, preset: str, devices: int) -> dict:
     if per_leaf_s is not None:
         row["per_leaf_compile_s"] = per_leaf_s
         row["per_leaf_compile_ratio"] = per_leaf_s / compile_s["plain"]
+    if jax_prng_s is not None:
+        row["jax_prng_compile_s"] = jax_prng_s
+        row["jax_prng_compile_ratio"] = jax_prng_s / compile_s["plain"]
     _log(f"{tag} DP / non-DP compile ratio {row['compile_ratio']:.2f}x")
     return row
+
+
+@contextlib.contextmanager
+def _generator(name: str):
+    """`prng.generator()` returns `name` while tracing inside (it reads DPBERT_PRNG then)."""
+    before = os.environ.get(prng.GENERATOR_ENV)
+    os.environ[prng.GENERATOR_ENV] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(prng.GENERATOR_ENV, None)
+        else:
+            os.environ[prng.GENERATOR_ENV] = before
 
 
 def _x(v) -> str:

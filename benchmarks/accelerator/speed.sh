@@ -11,7 +11,8 @@
 # elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
 # ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32: non-private and DP
-# step (dp_step.py --quick: time, compile seconds, temp memory); Opacus (hooks, ghost
+# step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also at sigma = 0
+# and compiled with jax.random's generator); Opacus (hooks, ghost
 # clipping) and PyTorch, same shapes, fp32 + TF32; the same dpbert steps in bf16; the demo's
 # examples/s and its second start from the compilation cache; the largest batch of both steps
 # (a compile-only search) and both steps timed there (fp32); the DP step's compile seconds
@@ -50,8 +51,8 @@ export -f demo
 export DEMO_STEPS
 
 part versions 30 $PY benchmarks/accelerator/collect.py versions
-part dp_fp32 180 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_search=false \
-  --quick_sigma0
+part dp_fp32 240 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_search=false \
+  --quick_sigma0 --quick_jax_prng
 part opacus 70 $PY benchmarks/accelerator/opacus_step.py --models=$MODEL --batch_size=$B \
   "${SIZES[@]}"
 part dp_bf16 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16 --microbatch_search=false
