@@ -127,15 +127,31 @@ DP_LR_MEASURED = ("top:1", "head", "all")
 
 
 def caution(config) -> str | None:
-    """A warning for a DP run whose learning rate the recipe filled (its SGD lr 2.0) while the
-    user chose a train.trainable it was not measured with (DP_LR_MEASURED); None otherwise.
-    At lr 2.0 the noise alone moves every trained coordinate by ~lr / (1 - momentum) *
-    sigma C / B * sqrt(steps), about 0.1 at eps = 8: the fresh head and top layer of top:1 are
-    relearned, but all parameters at that lr collapsed (DP_LEARNING_RATE_ALL says where)."""
+    """A warning for a DP run whose optimizer the recipe half-chose; None otherwise.
+
+    1. The recipe filled the learning rate (its SGD lr 2.0) while the user chose a
+       train.trainable it was not measured with (DP_LR_MEASURED). At lr 2.0 the noise alone
+       moves every trained coordinate by ~lr / (1 - momentum) * sigma C / B * sqrt(steps),
+       about 0.1 at eps = 8: the fresh head and top layer of top:1 are relearned, but all
+       parameters at that lr collapsed (DP_LEARNING_RATE_ALL says where).
+    2. The user set the learning rate but not the optimizer: the lr is taken as meant for
+       the documented optimizer, AdamW (`resolve`), which under DP follows the noise
+       (DP_OPTIMIZER says why; on RT at eps = 8 it gave the constant prediction)."""
     filled = set(config.get("recipe_filled") or ())
+    if not config.dp.enabled:
+        return None
+    if ("optimizer.name" in filled and "optimizer.learning_rate" not in filled
+            and config.optimizer.name != DP_OPTIMIZER):
+        return (f"you set optimizer.learning_rate={config.optimizer.learning_rate:g} but not "
+                f"optimizer.name, so the run uses {config.optimizer.name} (the optimizer that "
+                f"lr is documented for) instead of the DP recipe's {DP_OPTIMIZER} with "
+                "momentum; under DP-SGD Adam's per-coordinate scaling follows the noise (on RT "
+                "at eps = 8 it gave the constant prediction); set "
+                f"--config.optimizer.name={DP_OPTIMIZER} (or name the optimizer you want to "
+                "silence this)")
     spec = config.train.trainable
-    if (not config.dp.enabled or "optimizer.learning_rate" not in filled
-            or "train.trainable" in filled or spec in DP_LR_MEASURED):
+    if ("optimizer.learning_rate" not in filled or "train.trainable" in filled
+            or spec in DP_LR_MEASURED):
         return None
     return (f"the recipe's DP learning rate ({config.optimizer.name} lr "
             f"{config.optimizer.learning_rate:g}) was chosen for train.trainable="

@@ -275,6 +275,16 @@ def test_the_recipe_warns_when_its_dp_learning_rate_meets_a_trainable_it_was_not
     assert "train.trainable=bitfit" in text and "sgd lr 2" in text and "learning_rate" in text
     c.optimizer.name, c.optimizer.learning_rate = "sgd", 0.2        # the user chose the step
     assert recipe.caution(recipe.resolve(c, 8454)) is None
+    c.optimizer.name = None      # an lr alone is taken as AdamW's: under DP the run is told
+    adam = recipe.resolve(c, 8454)
+    assert adam.optimizer.name == "adamw"
+    text = recipe.caution(adam)
+    assert "optimizer.learning_rate=0.2" in text and "adamw" in text and "name=sgd" in text
+    c.optimizer.name = "adamw"                                       # named: the user's choice
+    assert recipe.caution(recipe.resolve(c, 8454)) is None
+    c.dp.enabled = False
+    c.optimizer.name = None
+    assert recipe.caution(recipe.resolve(c, 8454)) is None          # AdamW is the plain recipe
 
 
 @pytest.mark.slow
