@@ -159,9 +159,6 @@ def validate(task: Task, config: ml_collections.ConfigDict) -> None:
         # Resolved once, here: config.json, the plan and the report name the clipper used.
         config.dp.clipping = task.auto_clipping(config)
     plan_lib.validate(config.dp, config.batch)
-    warning = plan_lib.mechanism_optimizer_warning(config.dp, config.optimizer.get("name"))
-    if warning:
-        logging.warning(warning)
     opt_config = ml_collections.ConfigDict(config.optimizer.to_dict())
     warmup = opt_config.get("warmup_steps")
     if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0:
@@ -176,6 +173,10 @@ def run(task: Task, config: ml_collections.ConfigDict, workdir: str | os.PathLik
     """Trains (or resumes) `task` as `config` says in `workdir`; returns the final privacy
     report (also written to WORKDIR/privacy_report.json). `devices` restricts the mesh."""
     validate(task, config)
+    # Here, not in `validate` (which fine-tuning calls before and after its recipe): once a run.
+    warning = plan_lib.mechanism_optimizer_warning(config.dp, config.optimizer.get("name"))
+    if warning:
+        logging.warning(warning)
     # Not empty, not the current directory, not the starting model's folder: checked before
     # anything (the lock, checkpoints/, data/) is written.
     init_from = config.get("model", {}).get("init_from_hf") or ""
