@@ -8,8 +8,8 @@
 #   benchmarks/accelerator/dp_pretraining.sh           # one H100 (<= 8 minutes); carry .whl
 #   benchmarks/accelerator/dp_pretraining.sh --smoke   # the same parts on the CPU, tiny sizes
 #
-# Sizes (env overrides DPP_NOTES, DPP_SEQ, DPP_BATCH, DPP_STEPS, DPP_LR, DPP_PHYSICAL; DPP_CELL_S
-# is each cell's time limit, 150 s):
+# Sizes (env overrides DPP_NOTES, DPP_SEQ, DPP_BATCH, DPP_STEPS, DPP_LR, DPP_PHYSICAL,
+# DPP_NER_SEEDS (1), DPP_NER_EPOCHS (2); DPP_CELL_S is each cell's time limit, 150 s):
 # 40,000 synthetic notes + the 900-note sample, sequences of 64 pieces: about 280k training
 # sequences (N), so B = 16,384 gives q ~ 0.06; 10 steps; all 22.7M parameters (d), C = 0.01,
 # delta = 1e-6, AdamW lr 5e-4 (2 warm-up steps; a choice for 10 large steps, not tuned). sigma
@@ -51,17 +51,19 @@ if [ $SMOKE = 1 ]; then
 else
   SIZES=(--notes="${DPP_NOTES:-40000}" --seq="${DPP_SEQ:-64}" --batch="${DPP_BATCH:-16384}"
          --steps="${DPP_STEPS:-10}" --physical="${DPP_PHYSICAL:-1024}" --warmup=2
-         --learning_rate="${DPP_LR:-5e-4}" --public_steps=300 --ner_epochs=2)
+         --learning_rate="${DPP_LR:-5e-4}" --public_steps=300 --ner_epochs="${DPP_NER_EPOCHS:-2}")
 fi
 DPU=($PY benchmarks/dp_utility.py --out="$WORK/dpu" "${SIZES[@]}" --plain_steps=0
-     --audit=false --exposure=false --ner_seeds=1 --clip_norm=0.01 --delta=1e-6)
+     --audit=false --exposure=false --ner_seeds="${DPP_NER_SEEDS:-1}" --clip_norm=0.01
+     --delta=1e-6)
 TABLE=(--report_only --json_out="$OUT/dp_pretraining_table.json")
 
 part versions 30 $PY benchmarks/accelerator/collect.py versions
 part public 120 "${DPU[@]}" --epsilons=inf --stop_after=corpus
 part cell_inf "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=inf --stop_after=cells
 part cell_eps8 "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=8 --stop_after=cells
-part ner_inf_eps8 80 "${DPU[@]}" --epsilons=inf,8 "${TABLE[@]}"
+NER_S=${DPP_NER_SEEDS:-1}   # the NER parts' limits grow with the seeds (1 seed: 80 s, 60 s)
+part ner_inf_eps8 $(( 50 + 30 * NER_S )) "${DPU[@]}" --epsilons=inf,8 "${TABLE[@]}"
 part cell_eps3 "${DPP_CELL_S:-150}" "${DPU[@]}" --epsilons=3 --stop_after=cells
-part table 60 "${DPU[@]}" --epsilons=inf,8,3 "${TABLE[@]}"
+part table $(( 30 + 30 * NER_S )) "${DPU[@]}" --epsilons=inf,8,3 "${TABLE[@]}"
 acc_done

@@ -28,7 +28,7 @@ acc_init speed "${SPEED_BUDGET_S:-}" 470 290 "$@"
 if [ $SMOKE = 1 ]; then
   MODEL=tiny; B=8; SIZES=(--seq_len=32 --preds=4 --vocab_size=2000 --rounds=1)
   DP=(benchmarks/dp_step.py --platform=cpu --devices=1 --search_batch=16 --memory_cap_mib=64)
-  DEMO_STEPS=3
+  DEMO_STEPS=4   # >= the demo's dp.num_bands (BandMF)
 else
   MODEL=base; B=32; SIZES=(--seq_len=128 --preds=20 --vocab_size=30522 --rounds=5)
   DP=(benchmarks/dp_step.py --platform=gpu --devices=1 --search_batch=1024

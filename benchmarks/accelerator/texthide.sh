@@ -15,14 +15,16 @@
 # model ran ~27 steps/s of 256 on an H100, ~37 ms per call with its host pipeline): 45-80 s,
 # + compile ~30-40 s + start-up and evaluation 15 s: 90-135 s a run; installs 20 s; in all
 # 290-425 s for the three runs against the 470 s budget (inter, the last, is the one cut).
-# Env overrides: TH_NO_PLAIN (non-empty: no plain run, e.g. when its row exists), TH_EPOCHS (20), TH_LR (1e-4), TH_ROWS (0 = all), TH_EXTRA (launcher flags for
-# the two TextHide runs, e.g. the head's options: "--config.privacy.texthide_head_input_norm=rms
-# --config.privacy.texthide_head_init=0.1").
-# Measured on one H200 (2026-11-27, TH_BUDGET_S=340, no TH_EXTRA): 197 s wall; intra 59 s, plain
-# 50 s, inter 86 s; dev intra 0.471 and inter 0.471 (constant; train loss ln 2 throughout),
-# plain 0.875 (BENCHMARKS "At accelerator scale").
-# And on one H100 with the head's options above (TH_NO_PLAIN=1, TH_BUDGET_S=330): 192 s wall;
-# intra 86 s, inter 104 s; dev intra 0.849, inter 0.856 (now the defaults: no TH_EXTRA needed).
+# Env overrides: TH_NO_PLAIN (non-empty: no plain run, e.g. when its row exists), TH_EPOCHS
+# (20), TH_LR (1e-4), TH_ROWS (0 = all), TH_EXTRA (launcher flags for the two TextHide runs,
+# e.g. the paper's head instead of the default: "--config.privacy.texthide_head_input_norm=none
+# --config.privacy.texthide_head_init=0.02").
+# Measured on one H200 (2026-11-27, TH_BUDGET_S=340, the paper's head, the default then):
+# 197 s wall; intra 59 s, plain 50 s, inter 86 s; dev intra 0.471 and inter 0.471 (constant;
+# train loss ln 2 throughout), plain 0.875 (BENCHMARKS "At accelerator scale").
+# On one H100 with the head's input RMS-normalised and init 0.1 (the defaults since; then set
+# by TH_EXTRA), TH_NO_PLAIN=1, TH_BUDGET_S=330: 192 s wall; intra 86 s, inter 104 s; dev intra
+# 0.849, inter 0.856.
 # --smoke: 1 epoch, m = 16, the RT and Amazon files cut to 64 rows (common.sh), and a
 # random 2-layer BERT of width 64 with MiniLM's vocabulary instead of MiniLM.
 #
