@@ -82,14 +82,28 @@ def flatten_config(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Fields that act only under one privacy.mode (the prefix's fields, mode): left out of the
+# signature, on both sides of a resume (`inert_fields`), under any other mode, so that a run of
+# another mode does not stop resuming when one of them changes (TextHide's head defaults did).
+MODE_ONLY_FIELDS = (("privacy.texthide_", "texthide"),)
+
+
+def inert_fields(flat: Mapping[str, Any]) -> set[str]:
+    """The keys of a flat config (or signature) that do nothing under its privacy.mode."""
+    mode = flat.get("privacy.mode")
+    return {k for k in flat for prefix, only in MODE_ONLY_FIELDS
+            if k.startswith(prefix) and mode != only}
+
+
 def run_signature(config_dict: Mapping[str, Any],
                   ignore: Iterable[str] = RESUMABLE_FIELDS) -> dict[str, Any]:
     """The flattened config minus the fields a resumed run may change (JSON-normalised).
     With dp.mechanism="dpsgd" (the default) BandMF's fields are left out as well, and
     train.nsp when True (the default), so that a checkpoint written before they existed still
-    resumes."""
+    resumes; and the fields its privacy.mode does not use (`inert_fields`)."""
     ignored = set(ignore)
     flat = flatten_config(config_dict)
+    ignored |= inert_fields(flat)
     if flat.get("dp.mechanism", "dpsgd") == "dpsgd":
         ignored |= {"dp.mechanism", "dp.num_bands"}
     if flat.get("train.nsp", True) is True:  # the default, also of checkpoints without it
@@ -131,6 +145,8 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], where
                              current.get("task") or DEFAULT_TASK, where)
     if mismatch:
         raise IncompatibleCheckpointError(mismatch)
+    # A checkpoint written before `inert_fields` existed still holds them.
+    saved = {k: v for k, v in saved.items() if k not in inert_fields(saved)}
     keys = sorted(set(saved) | set(current))
     diffs = [f"{k}: checkpoint={saved.get(k, '<absent>')!r} config={current.get(k, '<absent>')!r}"
              for k in keys if saved.get(k, "<absent>") != current.get(k, "<absent>")]

@@ -46,6 +46,31 @@ def test_train_nsp_may_not_change_on_resume_and_old_checkpoints_still_resume():
             checkpointing.check_compatible(saved, current, "W")
 
 
+def test_texthide_fields_matter_only_to_texthide_runs():
+    """TextHide's head defaults changed (issue 33): a fine-tuning run of another mode, whose
+    checkpoint holds the old defaults in its signature, still resumes; a TextHide run whose
+    head changed is refused, naming the field."""
+    def sig(mode, norm):
+        return checkpointing.run_signature({"task": "classification", "privacy": {
+            "mode": mode, "m": 256, "texthide_head_input_norm": norm}})
+
+    assert "privacy.texthide_head_input_norm" not in sig("none", "rms")
+    assert sig("none", "rms")["privacy.m"] == 256             # only the prefix's fields
+    checkpointing.check_compatible(sig("none", "none"), sig("none", "rms"), "W")
+    old = {"task": "classification", "privacy.mode": "none", "privacy.m": 256,
+           "privacy.texthide_head_input_norm": "none"}          # written before: still in it
+    checkpointing.check_compatible(old, sig("none", "rms"), "W")
+    checkpointing.check_compatible(sig("texthide", "rms"), sig("texthide", "rms"), "W")
+    for saved, current in ((sig("texthide", "none"), sig("texthide", "rms")),
+                           ({**old, "privacy.mode": "texthide"}, sig("texthide", "rms"))):
+        with pytest.raises(checkpointing.IncompatibleCheckpointError,
+                           match="privacy.texthide_head_input_norm: checkpoint='none' "
+                                 "config='rms'"):
+            checkpointing.check_compatible(saved, current, "W")
+    with pytest.raises(checkpointing.IncompatibleCheckpointError, match="privacy.mode"):
+        checkpointing.check_compatible(sig("none", "rms"), sig("texthide", "rms"), "W")
+
+
 def test_a_state_of_another_layout_is_named_not_taken_for_damage(tmp_path):
     """A checkpoint whose state has other leaves, shapes or dtypes (another version of dpbert
     wrote it: BandMF's frozen-leaf buffers were full-size before) is refused with the leaves
