@@ -368,8 +368,11 @@ def cost(compiled, key: str) -> float:
     return float(analysis.get(key, float("nan")))
 
 
-def time_interleaved(steps: dict, compiled: dict, rounds: int) -> dict[str, list[float]]:
-    """Runs each step once per round, in alternating order; returns seconds per step."""
+def time_interleaved(steps: dict, compiled: dict, rounds: int,
+                     profile_dir: str = "") -> dict[str, list[float]]:
+    """Runs each step once per round, in alternating order; returns seconds per step.
+    `profile_dir`: then one more run of each step (not timed) under `jax.profiler.trace`, each
+    inside a `TraceAnnotation` of its name, written there (the XLA kernels of each step)."""
     state = {name: args for name, (_, args) in steps.items()}
     times = {name: [] for name in steps}
 
@@ -395,6 +398,11 @@ def time_interleaved(steps: dict, compiled: dict, rounds: int) -> dict[str, list
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             times[name].append(run(name))
+    if profile_dir:
+        with jax.profiler.trace(profile_dir):
+            for name in names:
+                with jax.profiler.TraceAnnotation(f"step {name}"):
+                    run(name)
     return times
 
 

@@ -6,7 +6,8 @@ largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memor
 short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
 compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
 draw before issue 32), `--quick_jax_prng` the DP step with `jax.random`'s generator
-(DPBERT_PRNG=jax), each for the side-by-side compile ratio.  Which generator ran
+(DPBERT_PRNG=jax), each for the side-by-side compile ratio; `--quick_profile_dir` a
+`jax.profiler` trace of one more run of each step.  Which generator ran
 (`dpbert.prng.generator`, DPBERT_PRNG) and the library versions go into the row.
 """
 
@@ -32,6 +33,9 @@ _SIGMA0 = flags.DEFINE_bool("quick_sigma0", False, "--quick: also time the DP st
 _JAX_PRNG = flags.DEFINE_bool("quick_jax_prng", False, "--quick: also compile the DP step "
                                "with jax.random's generator (DPBERT_PRNG=jax) instead of the "
                                "unrolled one, for the side-by-side compile ratio.")
+_PROFILE_DIR = flags.DEFINE_string("quick_profile_dir", "", "--quick: after the timed rounds, "
+                                   "one more run of each step under jax.profiler.trace, "
+                                   "written to this folder (where the DP step's time goes).")
 _MAX_COMPILES = flags.DEFINE_integer("quick_max_compiles", 2, "--quick: compiles per step in "
                                      "the search of the largest batch.")
 
@@ -71,7 +75,8 @@ def bench(ds, preset: str, devices: int) -> dict:
             jax_prng_s = ds.Bench.compile(*bench_.dp_step(clipper, b))[1]
         _log(f"{tag} dp with jax.random's generator compiled in {jax_prng_s:.1f} s")
     times = ({} if ds._COMPILE_ONLY.value
-             else ds.time_interleaved(steps, compiled, ds._ROUNDS.value))
+             else ds.time_interleaved(steps, compiled, ds._ROUNDS.value,
+                                      _PROFILE_DIR.value))
     if times:  # logged before the search, so a part cut short by its timeout still has them
         _log(f"{tag} step s: " + ", ".join(f"{k} {statistics.median(v):.4f}"
                                            for k, v in times.items())

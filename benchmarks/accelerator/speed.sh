@@ -12,7 +12,8 @@
 # ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32: non-private and DP
 # step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also at sigma = 0
-# and compiled with jax.random's generator); Opacus (hooks, ghost
+# and compiled with jax.random's generator; a jax.profiler trace of each step,
+# $OUT/profile_dp_fp32.trace.json.gz); Opacus (hooks, ghost
 # clipping) and PyTorch, same shapes, fp32 + TF32; the same dpbert steps in bf16; the demo's
 # examples/s and its second start from the compilation cache; the largest batch of both steps
 # (a compile-only search) and both steps timed there (fp32); the DP step's compile seconds
@@ -52,7 +53,11 @@ export DEMO_STEPS
 
 part versions 30 $PY benchmarks/accelerator/collect.py versions
 part dp_fp32 240 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_search=false \
-  --quick_sigma0 --quick_jax_prng
+  --quick_sigma0 --quick_jax_prng --quick_profile_dir="$WORK/profile_dp_fp32"
+# Files come back from $OUT only two folders down, 8 at most, 16 MiB each: keep the trace's
+# Chrome-format file alone (the kernels of each step, "step NAME" annotations), next to the JSON.
+TRACE=$(find "$WORK/profile_dp_fp32" -name "*.trace.json.gz" 2>/dev/null | head -1)
+[ -n "$TRACE" ] && mv "$TRACE" "$OUT/profile_dp_fp32.trace.json.gz"
 part opacus 70 $PY benchmarks/accelerator/opacus_step.py --models=$MODEL --batch_size=$B \
   "${SIZES[@]}"
 part dp_bf16 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16 --microbatch_search=false
