@@ -654,7 +654,7 @@ def test_texthide_m0_k1_is_plain_fine_tuning_and_the_pool_comes_from_the_secret_
                                           k=4, texthide_head="mlp")
     other_user = other_data.extra["user_side"]
     assert not np.array_equal(pool.masks, other_user.pool(other_user.key).masks)
-    assert hasattr(other_data.extra["model"].classifier, "head")   # the paper's MLP head
+    assert hasattr(other_data.extra["model"].classifier, "head")   # the MLP head (mlp)
     # the MLP head's input is RMS-normalised by default; the exported settings say how to run
     # the head (texthide_config.json carries the report)
     assert other_data.extra["model"].classifier.head.input_norm == "rms"
