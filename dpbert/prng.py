@@ -11,6 +11,9 @@ computes only the counters of the slice it holds (`sharding`), so a sharded draw
 draw.  Any other key type, or an array of 2^32 elements or more, goes to ``jax.random`` itself.
 `standard_normal_segments` draws many arrays' normals (every leaf's DP noise) in one loop, so
 that the program holds one copy of the generator, not one per leaf (the DP step's compile time).
+`fold_in` is ``jax.random.fold_in`` over an array of data, bit for bit, as one elementwise
+fusion (the DP step's per-leaf and per-example keys).  `shapes_only` turns dropout off for an
+abstract run that needs only shapes.
 The environment variable DPBERT_PRNG=jax sends every draw here to ``jax.random`` (`generator`).
 
 `Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
@@ -20,6 +23,8 @@ non-private step on one CPU device: 7-8 % less).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
 
@@ -38,18 +43,27 @@ _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
 def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
                   ) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32, 20 rounds, unrolled: the block function of JAX's threefry PRNG."""
-    u32 = lambda v: jnp.asarray(v, jnp.uint32)  # noqa: E731
-    ks = (k0, k1, k0 ^ k1 ^ u32(0x1BD11BDA))
-    x0, x1 = x0 + ks[0], x1 + ks[1]
+    """Threefry-2x32, 20 rounds, unrolled: the block function of JAX's threefry PRNG.
+
+    Written with `jax.lax` ops on uint32 (jnp's operators each go through a jitted wrapper:
+    the DP step traces this once per dropout layer under vmap and autodiff, where that
+    overhead was a visible part of its compile time)."""
+    def u32(v):
+        return jax.lax.full((), v, jnp.uint32)
+
+    k0, k1, x0, x1 = (jnp.asarray(v, jnp.uint32) for v in (k0, k1, x0, x1))
+    ks = (k0, k1, jax.lax.bitwise_xor(jax.lax.bitwise_xor(k0, k1), u32(0x1BD11BDA)))
+    x0, x1 = jax.lax.add(x0, ks[0]), jax.lax.add(x1, ks[1])
     for r in range(20):
         rot = _ROTATIONS[r % 8]
-        x0 = x0 + x1
-        x1 = ((x1 << u32(rot)) | (x1 >> u32(32 - rot))) ^ x0
+        x0 = jax.lax.add(x0, x1)
+        x1 = jax.lax.bitwise_xor(
+            jax.lax.bitwise_or(jax.lax.shift_left(x1, u32(rot)),
+                               jax.lax.shift_right_logical(x1, u32(32 - rot))), x0)
         if r % 4 == 3:
             s = r // 4 + 1
-            x0 = x0 + ks[s % 3]
-            x1 = x1 + ks[(s + 1) % 3] + u32(s)
+            x0 = jax.lax.add(x0, ks[s % 3])
+            x1 = jax.lax.add(jax.lax.add(x1, ks[(s + 1) % 3]), u32(s))
     return x0, x1
 
 
@@ -118,6 +132,27 @@ def unit_float(bits: jax.Array) -> jax.Array:
                                         jnp.float32) - jnp.float32(1.0)
 
 
+def fold_in(key: jax.Array, data: jax.Array | int) -> jax.Array:
+    """``jax.vmap(jax.random.fold_in)`` of `key` and every element of `data` (keys of shape
+    ``data.shape``), bit for bit, for threefry2x32 keys (raw uint32[2] or typed): fold_in(k, d)
+    is threefry2x32 of k on the counter (0, d).  One elementwise fusion instead of JAX's
+    threefry, which XLA:CPU lowers as a rolled loop of large fusions (the DP step's per-leaf
+    and per-example keys: ~0.2 s of its compile).  Other keys go to ``jax.random.fold_in``."""
+    data = jnp.asarray(data)
+    if data.dtype != jnp.uint32:
+        data = data.astype(jnp.uint32)
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    words = threefry_key_words(key, ())
+    if words is None:
+        fold = lambda d: jax.random.fold_in(key, d)  # noqa: E731
+        for _ in range(data.ndim):
+            fold = jax.vmap(fold)
+        return fold(data)
+    o0, o1 = _threefry2x32(words[0], words[1], jnp.zeros_like(data), data)
+    out = jnp.stack([o0, o1], axis=-1)
+    return jax.random.wrap_key_data(out, impl=jax.random.key_impl(key)) if typed else out
+
+
 def standard_normal(key: jax.Array, shape: tuple[int, ...],
                     sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``
@@ -179,9 +214,27 @@ def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
         b0, b1 = _threefry2x32(words[:, :1], words[:, 1:], jnp.zeros_like(low), low)
         return scale * _normal_from_unit(unit_float(b0 ^ b1))
 
-    out = jax.lax.map(block, jnp.arange(blocks, dtype=jnp.int32)).reshape(-1, width)
     first = np.cumsum([0] + rows)
-    return [out[first[j]:first[j + 1]].reshape(-1)[:n] for j, n in enumerate(sizes)]
+    # A segment whose size another segment shares gets its first row as a value XLA cannot
+    # see (below); the others are sliced at their constant offsets.
+    shared = [j for j, n in enumerate(sizes) if sizes.count(n) > 1]
+
+    def body(starts, i):
+        # The shared segments' first rows ride through the loop, plus a zero XLA cannot
+        # prove zero (i < blocks always): after the loop each is a value of its own, so the
+        # consumers of two segments of one shape are the same fused computation, compiled
+        # once (XLA:CPU shares the kernel of identical fusions), where a static slice puts
+        # each segment's offset, a constant, into its consumers' code.  Values: the same.
+        zero = jax.lax.optimization_barrier((i >= blocks).astype(jnp.int32))
+        return tuple(s + zero for s in starts), block(i)
+
+    carried, out = jax.lax.scan(body, tuple(jnp.int32(first[j]) for j in shared),
+                                jnp.arange(blocks, dtype=jnp.int32))
+    out = out.reshape(-1, width)
+    starts = dict(zip(shared, carried))
+    return [(jax.lax.dynamic_slice_in_dim(out, starts[j], rows[j], allow_negative_indices=False)
+             if j in starts else out[first[j]:first[j + 1]]).reshape(-1)[:n]
+            for j, n in enumerate(sizes)]
 
 
 def _normal_from_unit(one: jax.Array) -> jax.Array:
@@ -207,6 +260,22 @@ def explicit_sharding(x: jax.Array) -> jax.sharding.NamedSharding | None:
     return None
 
 
+_SHAPES_ONLY = contextvars.ContextVar("dpbert_prng_shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Inside, `Dropout` returns its input as it is (no key drawn, no mask): for an abstract
+    run that only needs shapes (``jax.eval_shape``), which dropout leaves as they are.  The
+    DP step's mixed-ghost plan traces the whole model once for the shapes of its dense
+    layers; its dropout masks were most of that trace's time."""
+    token = _SHAPES_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
 class Dropout(nnx.Dropout):
     """``nnx.Dropout`` (same arguments, same mask for the same key) drawing its mask with
     `bernoulli` instead of ``jax.random.bernoulli``."""
@@ -216,7 +285,7 @@ class Dropout(nnx.Dropout):
             deterministic, self.deterministic,
             error_msg="no `deterministic` argument was provided to Dropout as either a "
                       "__call__ argument or class attribute")
-        if self.rate == 0.0 or deterministic:
+        if self.rate == 0.0 or deterministic or _SHAPES_ONLY.get():
             return inputs
         if self.rate == 1.0:
             return jnp.zeros_like(inputs)

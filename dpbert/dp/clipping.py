@@ -45,6 +45,7 @@ from typing import Any, Callable, Protocol
 import jax
 import jax.numpy as jnp
 
+from dpbert import prng
 from dpbert.dp import trees
 
 PyTree = Any
@@ -192,7 +193,7 @@ class VmapClipper:
                 treedef, [next(it_t) if t else next(it_f) for t in train_flags])
 
         def one(example: Batch, keep: jax.Array, position: jax.Array):
-            rng = jax.random.fold_in(key, position)
+            rng = prng.fold_in(key, position)
 
             def f(train):
                 return loss_fn(merge(train), example, rng)
@@ -336,7 +337,7 @@ class BatchGradient:
         treedef = jax.tree.structure(params)
 
         def chunk_sums(c_batch, c_mask, c_pos):
-            keys = jax.vmap(lambda p: jax.random.fold_in(key, p))(c_pos)
+            keys = prng.fold_in(key, c_pos)
 
             def f(p):
                 return loss_fn(p, c_batch, c_mask, keys)

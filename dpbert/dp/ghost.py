@@ -49,6 +49,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from dpbert import prng
 from dpbert.dp import clipping
 from dpbert.dp import trees
 
@@ -231,7 +232,7 @@ class TiedEmbeddingClipper:
             return jax.tree.unflatten(treedef, new)
 
         def one(example: Batch, keep: jax.Array, position: jax.Array):
-            rng = jax.random.fold_in(key, position)
+            rng = prng.fold_in(key, position)
             ids = loss_fn.lookup_ids(example)
             x = None if ids is None else jnp.take(table, ids, axis=0).astype(jnp.float32)
             probe = loss_fn.zero_probe(example, table.shape[0])

@@ -51,6 +51,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from dpbert import prng
 from dpbert.dp import clipping
 from dpbert.dp import ghost
 from dpbert.dp import trees
@@ -207,7 +208,8 @@ class MixedGhostClipper:
             return loss_fn.tapped(p, ex, jax.random.PRNGKey(0), x,
                                   loss_fn.zero_probe(ex, leaves[table].shape[0]), {})[1][2]
 
-        inputs = jax.eval_shape(shapes, params, example)
+        with prng.shapes_only():  # dropout changes no shape; skipping it halves the trace
+            inputs = jax.eval_shape(shapes, params, example)
         gram, out_shapes = {}, {}
         for name, a in inputs.items():
             kernel = index(tuple(name.split("/")) + ("kernel",), f"kernel of {name}")
@@ -258,7 +260,7 @@ class MixedGhostClipper:
             return jax.tree.unflatten(plan.treedef, new)
 
         def one(example: Batch, keep: jax.Array, position: jax.Array):
-            rng = jax.random.fold_in(key, position)
+            rng = prng.fold_in(key, position)
             ids = loss_fn.lookup_ids(example)
             x = _input_vectors(loss_fn, table, example)
             probe = loss_fn.zero_probe(example, table.shape[0])

@@ -38,8 +38,11 @@ faster on CPU.  Each device computes only the counters of the slice it holds.
 Compile time: one unrolled generator per leaf made the DP step compile in ~3x the
 non-private step's time (XLA copies each into every consumer); with ``flat`` (the trainer's
 choice on one device) all leaves' noise comes from one loop, `prng.standard_normal_segments`:
-the same values, one copy of the generator (issue 32; BENCHMARKS.md).  ``DPBERT_PRNG=jax``
-sends every draw to ``jax.random`` (`prng.generator`).
+the same values, one copy of the generator (issue 32; BENCHMARKS.md).  It hands the leaves of
+one shape their noise at offsets XLA cannot fold, so their consumers (the add, the optimizer)
+stay one fused computation that XLA:CPU compiles once, as in the non-private step; the leaves'
+keys come from `prng.fold_in`, one elementwise fusion.  ``DPBERT_PRNG=jax`` sends every draw
+to ``jax.random`` (`prng.generator`).
 
 Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
 key's bits), so XLA draws the noise after the backward pass instead of holding the draw's
@@ -97,7 +100,7 @@ def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
             or prng.threefry_key_words(key, ()) is None):
         return None
     # fold_in(key, i) for every drawn leaf at once: the same keys as one fold_in per leaf.
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(drawn, jnp.uint32))
+    keys = prng.fold_in(key, jnp.asarray(drawn, jnp.uint32))
     if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key):
         keys = jax.random.key_data(keys)
     out: list = [None] * len(leaves)

@@ -46,6 +46,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dpbert import prng
 from dpbert.dp import clipping, ghost
 
 PyTree = Any
@@ -61,7 +62,7 @@ def _split(unit: dict) -> tuple[dict, jax.Array]:
 
 def _slot_keys(rng: jax.Array, k: int) -> jax.Array:
     """fold_in(rng, slot) for slots 0..k-1."""
-    return jax.vmap(lambda i: jax.random.fold_in(rng, i))(jnp.arange(k, dtype=jnp.int32))
+    return prng.fold_in(rng, jnp.arange(k, dtype=jnp.int32))
 
 
 def _reduce(losses: jax.Array, metrics: dict, mask: jax.Array, reduction: str):

@@ -141,3 +141,25 @@ def test_bert_with_dropout_on_is_the_same_as_with_nnx_dropout():
     theirs = run(model)
     np.testing.assert_array_equal(ours, theirs)
     assert not np.array_equal(ours, run(lambda *a, **k: model(*a[:3], deterministic=True)))
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (2, 3)])
+def test_fold_in_is_jax_random_fold_in_of_every_element(shape):
+    data = (np.arange(int(np.prod(shape)), dtype=np.int64) * 2654435761 % 2 ** 32 - 2 ** 31
+            ).astype(np.int32).reshape(shape)  # negative int32 too: jax.random casts
+    words = lambda k: np.asarray(  # noqa: E731
+        jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k)
+    for key in (*_keys(), jax.random.key(3, impl="rbg")):  # rbg: jax.random itself
+        got = jax.jit(prng.fold_in)(key, data)
+        assert got.dtype == key.dtype and got.shape[:len(shape)] == shape
+        want = [words(jax.random.fold_in(key, int(d) % 2 ** 32)) for d in data.reshape(-1)]
+        np.testing.assert_array_equal(words(got).reshape(len(want), -1),
+                                      np.stack(want).reshape(len(want), -1))
+
+
+def test_shapes_only_leaves_the_input_as_it_is_and_ends_with_its_block():
+    drop = prng.Dropout(0.5, rngs=nnx.Rngs(dropout=0))
+    x = jnp.ones((4, 6))
+    with prng.shapes_only():
+        np.testing.assert_array_equal(np.asarray(drop(x)), np.asarray(x))
+    assert (np.asarray(drop(x)) == 0).any()

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -308,14 +309,35 @@ def test_the_flat_draw_is_one_copy_of_the_generator():
     assert rotations(True) * 4 < rotations(False)
 
 
-def test_the_segments_are_jax_random_normal_of_their_keys():
-    keys = jax.random.split(jax.random.PRNGKey(3), 4)
-    sizes = (1, 0, 3000, 17)
+@pytest.mark.parametrize("sizes", [(1, 0, 3000, 17), (17, 3000, 17, 1, 3000, 17)])
+def test_the_segments_are_jax_random_normal_of_their_keys(sizes):
+    """Segments of a size no other has (sliced at constant offsets) and of shared sizes (sliced
+    at offsets carried through the loop) alike."""
+    keys = jax.random.split(jax.random.PRNGKey(3), len(sizes))
     for loops in (1, 3, 16):
         got = jax.jit(lambda k: prng.standard_normal_segments(k, sizes, loops=loops))(keys)
         for k, n, g in zip(keys, sizes, got):
             assert g.shape == (n,) and g.dtype == jnp.float32
             np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.random.normal(k, (n,))))
+
+
+def _fusions(text: str) -> list[str]:
+    """The fused computations of an optimized HLO text, names and metadata stripped."""
+    bodies = re.findall(r"^%fused_computation[^\n]*\{\n(.*?)^\}", text, re.M | re.S)
+    strip = lambda b: re.sub(r"%[\w.\-]+|, metadata=\{[^}]*\}", "%", b)  # noqa: E731
+    return [strip(b) for b in bodies]
+
+
+def test_the_flat_draw_gives_leaves_of_one_shape_one_fused_computation():
+    """Leaves of one shape take their noise with the same fused computation (XLA:CPU compiles
+    it once; issue 32): no leaf's offset is a constant in its consumer's code.  With the
+    offsets as constants (the hand-out before) every leaf had its own."""
+    tree = {f"w{i}": jnp.ones((64, 32)) for i in range(8)}
+    key = jax.random.PRNGKey(1)
+    text = jax.jit(lambda t, k: jax.tree.map(lambda x: x * 0.5, noise.add_noise(
+        t, k, 1.0, flat=True))).lower(tree, key).compile().as_text()
+    consumers = [b for b in _fusions(text) if "f32[64,32]" in b and "dynamic-slice" in b]
+    assert len(consumers) >= len(tree) and len(set(consumers)) == 1
 
 
 def test_an_unknown_generator_is_an_error(monkeypatch):

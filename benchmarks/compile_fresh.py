@@ -1,0 +1,104 @@
+r"""The DP step's compile time as a run pays it: each step compiled once, in a fresh process.
+
+    PYTHONPATH=. python benchmarks/compile_fresh.py [--models=tiny,mini] [--rounds=4] [--json]
+    PYTHONPATH=. python benchmarks/compile_fresh.py --base=/path/to/other/checkout
+
+`dp_step.py --quick` compiles its steps one after another in one process, so each after the
+first finds JAX's tracing caches warm; a training run compiles its step once, cold.  Here every
+(step, round) is its own process: the non-private step, the default DP step with sigma = 0
+(clipping only) and the DP step (clipping and noise), BERT of each size, batch 32, seq 128, one
+CPU device, timed from `jit(...).lower` to the end of `.compile()` (tracing + XLA), rounds
+interleaved; printed: the median seconds and the DP / non-DP ratio (issue 32's goal: <= 1.3),
+and the same for the CPU seconds the process spent (XLA compiles on every core: less sensitive
+to a busy machine than the wall clock, which varies by +-20 % from run to run on 2 cores).
+`--base`: the same, side by side, for another checkout of the code (e.g. the commit before a
+change), rounds interleaved with this one's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+from absl import app, flags
+
+_MODELS = flags.DEFINE_list("models", ["tiny", "mini"], "BERT presets.")
+_ROUNDS = flags.DEFINE_integer("rounds", 4, "Fresh-process compiles per step and checkout.")
+_BASE = flags.DEFINE_string("base", "", "Another checkout to measure side by side.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object per model.")
+
+STEPS = ("plain", "dp_sigma0", "dp")
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One compile, in the checkout given as the working directory (dp_step's Bench builds it).
+_CHILD = r"""
+import json, sys, time
+sys.path[:0] = ["benchmarks", "."]
+import dp_step as ds
+from absl import flags
+model, step = sys.argv[1], sys.argv[2]
+flags.FLAGS([sys.argv[0], f"--models={model}", "--devices=1"])
+bench = ds.Bench(model, 1)
+b = ds._BATCH.value
+fn, args = (bench.plain_step(b) if step == "plain" else
+            bench.dp_step(ds.default_clipper(), b,
+                          noise_multiplier=0.0 if step == "dp_sigma0" else 1.0))
+start, cpu = time.perf_counter(), time.process_time()
+lowered = fn.lower(*args)
+mid = time.perf_counter()
+lowered.compile()
+print(json.dumps({"lower_s": mid - start, "compile_s": time.perf_counter() - mid,
+                  "cpu_s": time.process_time() - cpu}))
+"""
+
+
+def _compile_once(root: str, model: str, step: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=root)
+    out = subprocess.run([sys.executable, "-c", _CHILD, model, step], cwd=root, env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{step} on {model} in {root} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _summary(runs: dict[str, list[dict]]) -> dict:
+    total = {s: statistics.median(r["lower_s"] + r["compile_s"] for r in runs[s]) for s in STEPS}
+    cpu = {s: statistics.median(r["cpu_s"] for r in runs[s]) for s in STEPS}
+    return {"seconds": total, "cpu_seconds": cpu, "cpu_compile_ratio": cpu["dp"] / cpu["plain"],
+            "lower_s": {s: statistics.median(r["lower_s"] for r in runs[s]) for s in STEPS},
+            "compile_ratio": total["dp"] / total["plain"],
+            "sigma0_compile_ratio": total["dp_sigma0"] / total["plain"],
+            "runs": runs}
+
+
+def main(argv):
+    del argv
+    roots = {"this": HERE}
+    if _BASE.value:
+        roots["base"] = os.path.abspath(_BASE.value)
+    for model in _MODELS.value:
+        runs = {name: {s: [] for s in STEPS} for name in roots}
+        for r in range(_ROUNDS.value):
+            for name, root in roots.items():
+                for step in STEPS:
+                    runs[name][step].append(_compile_once(root, model, step))
+            print(f"[{model}] round {r + 1}/{_ROUNDS.value} done", file=sys.stderr, flush=True)
+        row = {"model": model, "rounds": _ROUNDS.value,
+               **{name: _summary(runs[name]) for name in roots}}
+        for name in roots:
+            s = row[name]
+            print(f"[{model}] {name}: plain {s['seconds']['plain']:.2f} s, DP sigma=0 "
+                  f"{s['seconds']['dp_sigma0']:.2f} s, DP {s['seconds']['dp']:.2f} s: DP / "
+                  f"non-DP {s['compile_ratio']:.2f}x (sigma=0 {s['sigma0_compile_ratio']:.2f}x); "
+                  f"CPU seconds {s['cpu_seconds']['plain']:.2f} / {s['cpu_seconds']['dp_sigma0']:.2f}"
+                  f" / {s['cpu_seconds']['dp']:.2f}: {s['cpu_compile_ratio']:.2f}x",
+                  file=sys.stderr, flush=True)
+        if _JSON.value:
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
