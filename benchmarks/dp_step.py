@@ -36,7 +36,8 @@ replaces the generated part of the "## DP-SGD step" section of BENCHMARKS.md.  `
 (benchmarks/dp_step_quick.py): only the non-private and the default DP step, timed, with their
 compile seconds (and the DP / non-DP compile ratio), temp memory and the largest batch by a
 short search; `--quick_per_leaf` adds the compile seconds of the DP step drawing its noise leaf
-by leaf (the draw before issue 32), side by side.
+by leaf (the draw before issue 32), side by side.  `benchmarks/compile_fresh.py` compiles each
+step once in a fresh process (as a run does; here the later steps find JAX's caches warm).
 """
 
 from __future__ import annotations
