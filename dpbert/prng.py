@@ -172,7 +172,7 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
     program), so a model's dropout layers of one shape trace the 20 rounds once, not once per
     layer (the DP step traces them under vmap and autodiff: ~0.3 s of its lowering)."""
     shape = tuple(int(d) for d in shape)
-    if sharding is None:
+    if sharding is None and isinstance(p, (int, float)):  # a static p: part of the cache key
         return _bernoulli_traced_once(key, float(p), shape, generator())
     return _bernoulli(key, p, shape, sharding)
 

@@ -163,3 +163,10 @@ def test_shapes_only_leaves_the_input_as_it_is_and_ends_with_its_block():
     with prng.shapes_only():
         np.testing.assert_array_equal(np.asarray(drop(x)), np.asarray(x))
     assert (np.asarray(drop(x)) == 0).any()
+
+
+def test_bernoulli_takes_a_traced_p_as_jax_random_does():
+    key = jax.random.PRNGKey(1)
+    got = jax.jit(lambda p: prng.bernoulli(key, p, (5, 7)))(jnp.float32(0.3))
+    np.testing.assert_array_equal(np.asarray(got),
+                                  np.asarray(jax.random.bernoulli(key, 0.3, (5, 7))))
