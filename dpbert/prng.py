@@ -157,11 +157,29 @@ def fold_in(key: jax.Array, data: jax.Array | int) -> jax.Array:
 def standard_normal(key: jax.Array, shape: tuple[int, ...],
                     sharding: jax.sharding.Sharding | None = None) -> jax.Array:
     """float32 N(0, 1) of `shape`, bitwise equal to ``jax.random.normal(key, shape)``
-    (`random_bits`, then jax.random's uniform in [-1, 1) and sqrt(2) erfinv)."""
+    (`random_bits`, then jax.random's uniform in [-1, 1) and sqrt(2) erfinv).
+
+    Without `sharding` the draw is traced once per shape as its own jitted function (inlined
+    by XLA), as `bernoulli`'s: the DP noise drawn leaf by leaf on a mesh traced the rounds
+    once per leaf (tiny BERT: 46 draws of 11 shapes, 0.73 -> 0.37 s of tracing)."""
     shape = tuple(int(d) for d in shape)
+    if sharding is None:
+        return _standard_normal_traced_once(key, shape, generator())
+    return _standard_normal(key, shape, sharding)
+
+
+def _standard_normal(key: jax.Array, shape: tuple[int, ...],
+                     sharding: jax.sharding.Sharding | None) -> jax.Array:
     if threefry_key_words(key, shape) is None:
         return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
     return _normal_from_unit(unit_float(random_bits(key, shape, sharding)))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _standard_normal_traced_once(key: jax.Array, shape: tuple[int, ...],
+                                 chosen: str) -> jax.Array:
+    del chosen  # `generator()` is read while tracing: part of the cache key
+    return _standard_normal(key, shape, None)
 
 
 def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
