@@ -169,18 +169,19 @@ def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any], where
 # one device. The checkpoint's format is orbax's either way (only the write chunking differs;
 # every checkpoint reads back).
 MIN_REPLICA_SLICE_BYTES = 1 << 20
-_array_handler_registered = False
+_registered_min_slice_bytes: list[int | None] = []  # what this process registered, if any
 
 
-def _register_array_handler() -> None:
-    """orbax's jax.Array handler (its defaults) with `MIN_REPLICA_SLICE_BYTES`, registered
-    once per process through orbax's own registry (its documented way to set the option)."""
-    global _array_handler_registered
-    if _array_handler_registered:
+def register_array_handler(min_slice_bytes: int | None = MIN_REPLICA_SLICE_BYTES) -> None:
+    """orbax's jax.Array handler (its defaults) with `min_slice_bytes` per replica slice
+    (None: orbax's own behaviour, every replicated array sliced), through orbax's registry
+    (its documented way to set the option); done by every `Checkpointer`, a no-op when already
+    registered (benchmarks/checkpoint_save.py compares the two)."""
+    if _registered_min_slice_bytes == [min_slice_bytes]:
         return
     handler = ocp.type_handlers.ArrayHandler(
         array_metadata_store=array_metadata_store.Store(),
-        min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
+        min_slice_bytes_for_replica_parallel=min_slice_bytes)
     absl_logger = logging.getLogger("absl")  # orbax warns that it replaces its own handler
     quiet = lambda record: "overriding" not in record.getMessage()  # noqa: E731
     absl_logger.addFilter(quiet)
@@ -188,7 +189,7 @@ def _register_array_handler() -> None:
         ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
     finally:
         absl_logger.removeFilter(quiet)
-    _array_handler_registered = True
+    _registered_min_slice_bytes[:] = [min_slice_bytes]
 
 
 class Checkpointer:
@@ -196,7 +197,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3,
                  async_save: bool = True):
-        _register_array_handler()
+        register_array_handler()
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True)
