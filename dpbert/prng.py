@@ -164,7 +164,7 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...],
     once per leaf (tiny BERT: 46 draws of 11 shapes, 0.73 -> 0.37 s of tracing)."""
     shape = tuple(int(d) for d in shape)
     if sharding is None:
-        return _standard_normal_traced_once(key, shape, generator())
+        return _traced_once(_standard_normal, key, (shape,), generator())
     return _standard_normal(key, shape, sharding)
 
 
@@ -173,13 +173,6 @@ def _standard_normal(key: jax.Array, shape: tuple[int, ...],
     if threefry_key_words(key, shape) is None:
         return jax.random.normal(key, shape, jnp.float32, out_sharding=sharding)
     return _normal_from_unit(unit_float(random_bits(key, shape, sharding)))
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _standard_normal_traced_once(key: jax.Array, shape: tuple[int, ...],
-                                 chosen: str) -> jax.Array:
-    del chosen  # `generator()` is read while tracing: part of the cache key
-    return _standard_normal(key, shape, None)
 
 
 def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
@@ -191,7 +184,7 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
     layer (the DP step traces them under vmap and autodiff: ~0.3 s of its lowering)."""
     shape = tuple(int(d) for d in shape)
     if sharding is None and isinstance(p, (int, float)):  # a static p: part of the cache key
-        return _bernoulli_traced_once(key, float(p), shape, generator())
+        return _traced_once(_bernoulli, key, (float(p), shape), generator())
     return _bernoulli(key, p, shape, sharding)
 
 
@@ -202,11 +195,13 @@ def _bernoulli(key: jax.Array, p: float, shape: tuple[int, ...],
     return unit_float(random_bits(key, shape, sharding)) < jnp.float32(p)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _bernoulli_traced_once(key: jax.Array, p: float, shape: tuple[int, ...],
-                           chosen: str) -> jax.Array:
+@functools.partial(jax.jit, static_argnums=(0, 2, 3))
+def _traced_once(draw, key: jax.Array, static: tuple, chosen: str) -> jax.Array:
+    """``draw(key, *static, None)`` (an unsharded draw) as its own jitted function: traced
+    once per `draw` and static arguments (shape, p), inlined by XLA (the same program); the
+    key stays an argument (never a constant of a cached program)."""
     del chosen  # `generator()` is read while tracing: part of the cache key
-    return _bernoulli(key, p, shape, None)
+    return draw(key, *static, None)
 
 
 def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
