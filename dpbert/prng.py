@@ -14,7 +14,9 @@ that the program holds one copy of the generator, not one per leaf (the DP step'
 `fold_in` is ``jax.random.fold_in`` over an array of data, bit for bit, as one elementwise
 fusion (the DP step's per-leaf and per-example keys).  `shapes_only` turns dropout off for an
 abstract run that needs only shapes.
-The environment variable DPBERT_PRNG=jax sends every draw here to ``jax.random`` (`generator`).
+The environment variable DPBERT_PRNG picks the generator (`generator`): "unrolled" (the
+default), "kernel" (the same draws, each threefry block JAX's own primitive: on a GPU its
+precompiled kernel, for compile time) or "jax" (every draw to ``jax.random`` itself).
 
 `Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
 same output and gradient, bit for bit, for the same key (tested), in less time (BERT mini's
@@ -30,6 +32,7 @@ import math
 import os
 
 import jax
+import jax.extend.random
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -37,7 +40,9 @@ from flax.nnx.module import first_from
 
 # The environment variable that picks the generator (`generator`), and its values.
 GENERATOR_ENV = "DPBERT_PRNG"
-GENERATORS = ("unrolled", "jax")
+GENERATORS = ("unrolled", "kernel", "jax")
+# JAX's switch that lowers its threefry primitive to a precompiled kernel on GPUs ("kernel").
+_KERNEL_LOWERING = "jax_threefry_gpu_kernel_lowering"
 # Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
@@ -53,6 +58,12 @@ def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
         return jax.lax.full((), v, jnp.uint32)
 
     k0, k1, x0, x1 = (jnp.asarray(v, jnp.uint32) for v in (k0, k1, x0, x1))
+    if generator() == "kernel":  # JAX's primitive: the same function, lowered per backend
+        # Its lowerings want four operands of one shape, also under vmap (where a key may be
+        # batched and the counters not, or the reverse): add a zero that has every operand's
+        # shape and batch axes.
+        zero = (k0 ^ k0) + (k1 ^ k1) + (x0 ^ x0) + (x1 ^ x1)
+        return tuple(jax.extend.random.threefry2x32_p.bind(*(v + zero for v in (k0, k1, x0, x1))))
     ks = (k0, k1, jax.lax.bitwise_xor(jax.lax.bitwise_xor(k0, k1), u32(0x1BD11BDA)))
     x0, x1 = jax.lax.add(x0, ks[0]), jax.lax.add(x1, ks[1])
     for r in range(20):
@@ -84,21 +95,34 @@ def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) 
 
 
 def generator() -> str:
-    """"unrolled" (the default) or "jax": the environment variable DPBERT_PRNG, read when a
-    function is traced.  "jax" sends every draw of this module to ``jax.random`` itself (the
-    same bits: a check, or a comparison of speed and compile time; the noise then goes leaf
-    by leaf).  JAX lowers its own threefry unrolled off the CPU too (rolled loops on the CPU
-    only), so on an accelerator the two differ in how XLA fuses them, not in kind."""
+    """"unrolled" (the default), "kernel" or "jax": the environment variable DPBERT_PRNG, read
+    when a function is traced.  All three give the same bits.
+    - "unrolled": threefry written out as arithmetic that XLA fuses with what consumes the bits
+      (on the CPU ~3x faster than JAX's rolled loop).  On a GPU that fusion is what the DP
+      step's compile pays for the noise (BERT-base on an H200: 60 s against 26 s at sigma 0).
+    - "kernel": the same draws and layout (one flat noise draw), but each threefry block is
+      JAX's `threefry2x32_p`, with JAX's `jax_threefry_gpu_kernel_lowering` turned on (here, for
+      the process): on a GPU a precompiled CUDA kernel, no fusion to compile, the bits
+      materialised once; on the CPU JAX's rolled loop (slower; for checks).  Untested on
+      partitioned (multi-device) programs: the kernel is a custom call XLA cannot split.
+    - "jax": every draw of this module goes to ``jax.random`` itself, leaf by leaf (a check, or
+      a comparison of speed and compile time)."""
     value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "unrolled"
     if value not in GENERATORS:
         raise ValueError(f"{GENERATOR_ENV}={value!r}: expected one of {', '.join(GENERATORS)}")
+    if value == "kernel" and not getattr(jax.config, _KERNEL_LOWERING):
+        jax.config.update(_KERNEL_LOWERING, True)
     return value
 
 
+if os.environ.get(GENERATOR_ENV, "").strip().lower() == "kernel":
+    generator()  # JAX's kernel lowering on before anything is traced (a later switch recompiles)
+
+
 def threefry_key_words(key: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
-    """The key's uint32[2] words when the unrolled generator reproduces jax.random (and is
-    the one chosen, `generator`), else None."""
-    if generator() != "unrolled":
+    """The key's uint32[2] words when this module's threefry reproduces jax.random (and is
+    the one chosen, `generator`: not "jax"), else None."""
+    if generator() == "jax":
         return None
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     impl = str(jax.random.key_impl(key)) if typed else "threefry2x32"

@@ -25,7 +25,8 @@ import sys
 
 PACKAGES = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda13-plugin", "flax", "optax",
             "orbax-checkpoint", "ml-collections", "dp-accounting", "grain", "array-record",
-            "dm-tree", "portpicker", "tensorboardX", "torch", "transformers", "opacus", "numpy")
+            "dm-tree", "portpicker", "tensorboardX", "jax-privacy", "torch", "transformers",
+            "opacus", "numpy")
 
 
 def versions() -> dict:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Downloads, here, the wheels speed.sh installs on the device (Python 3.12, x86-64 Linux): the
 # packages dpbert needs that the device image lacks (ml-collections, dp-accounting, grain,
-# array-record, dm-tree, portpicker, tensorboardX, opacus, importlib-resources for etils.epath).
+# array-record, dm-tree, portpicker, tensorboardX, opacus, importlib-resources for etils.epath,
+# jax-privacy for the demo's BandMF strategy; its own needs, chex and scipy, are there).
 # They go into .whl/ (ignored by git); carry `.whl` in the device call.  The versions are those
 # of the CPU environment (setup.py's ranges), opacus the one of issue 32's first GPU run.
 # Issue 33's scripts need two more things the device lacks, put into .whl/ as well:
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/../.."
 PY=${1:-python3}
 PACKAGES=(ml-collections==1.1.0 dp-accounting==0.6.0 grain==0.2.18 array-record==0.8.6
           dm-tree==0.1.10 portpicker==1.6.0 tensorboardX==2.6.5 opacus==1.6.0
-          importlib-resources)
+          importlib-resources jax-privacy==2.0.0)
 mkdir -p .whl
 for p in "${PACKAGES[@]}"; do
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

@@ -11,9 +11,10 @@
 # elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
 # ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32: non-private and DP
-# step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also at sigma = 0
-# and compiled with jax.random's generator; a jax.profiler trace of each step,
-# $OUT/profile_dp_fp32.trace.json.gz); Opacus (hooks, ghost
+# step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also at sigma = 0;
+# a jax.profiler trace of each step, $OUT/profile_dp_fp32.trace.json.gz); the same two steps
+# with DPBERT_PRNG=kernel (JAX's threefry primitive, lowered to its precompiled GPU kernel: the
+# noise's share of the compile); Opacus (hooks, ghost
 # clipping) and PyTorch, same shapes, fp32 + TF32; the same dpbert steps in bf16; the demo's
 # examples/s and its second start from the compilation cache; the largest batch of both steps
 # (a compile-only search) and both steps timed there (fp32); the DP step's compile seconds
@@ -52,12 +53,35 @@ export -f demo
 export DEMO_STEPS
 
 part versions 30 $PY benchmarks/accelerator/collect.py versions
+# (jax.random's generator, --quick_jax_prng, is not compiled here any more: on an H200 its DP
+# step had not compiled after ~100 s, against 60 s unrolled; 2026-11-28, BENCHMARKS.md.)
 part dp_fp32 240 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_search=false \
-  --quick_sigma0 --quick_jax_prng --quick_profile_dir="$WORK/profile_dp_fp32"
+  --quick_sigma0 --quick_profile_dir="$WORK/profile_dp_fp32"
 # Files come back from $OUT only two folders down, 8 at most, 16 MiB each: keep the trace's
 # Chrome-format file alone (the kernels of each step, "step NAME" annotations), next to the JSON.
 TRACE=$(find "$WORK/profile_dp_fp32" -name "*.trace.json.gz" 2>/dev/null | head -1)
 [ -n "$TRACE" ] && mv "$TRACE" "$OUT/profile_dp_fp32.trace.json.gz"
+part kernel_fp32 150 env DPBERT_PRNG=kernel $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 \
+  --microbatch_search=false
+# Why the noise costs compile time: XLA's compile timers (gpu_compiler / nvptx_compiler on a
+# GPU, cpu_compiler in a smoke) and its optimized HLO of the non-private, DP and sigma = 0
+# steps, compiled only, packed into $OUT/xla_dump_fp32.tgz (the modules over 100 KB).
+xla_dump() {
+  local dump="$WORK/xla_dump"
+  mkdir -p "$dump"
+  XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_dump_to=$dump --xla_dump_hlo_as_text" \
+  TF_CPP_MIN_LOG_LEVEL=0 TF_CPP_VMODULE=gpu_compiler=1,nvptx_compiler=1,cpu_compiler=1 \
+    $PY $QUICK_ARGS --batch_size=$B --dtype=float32 --microbatch_search=false \
+    --compile_only --quick_sigma0 2> "$dump/timers.log"
+  local rc=$?
+  grep -v "^I.*xla_bridge" "$dump/timers.log" | tail -n 20 >&2
+  (cd "$dump" && find . -name "*after_optimizations.txt" -size +100k -print0 |
+     tar czf "$OUT/xla_dump_fp32.tgz" --null -T - timers.log)
+  return $rc
+}
+export -f xla_dump
+export B QUICK_ARGS="${QUICK[*]}"   # a child bash gets no arrays (the arguments hold no spaces)
+part xla_dump_fp32 150 bash -c xla_dump
 part opacus 70 $PY benchmarks/accelerator/opacus_step.py --models=$MODEL --batch_size=$B \
   "${SIZES[@]}"
 part dp_bf16 150 $PY "${QUICK[@]}" --batch_size=$B --dtype=bfloat16 --microbatch_search=false

@@ -42,7 +42,8 @@ the same values, one copy of the generator (issue 32; BENCHMARKS.md).  It hands 
 one shape their noise at offsets XLA cannot fold, so their consumers (the add, the optimizer)
 stay one fused computation that XLA:CPU compiles once, as in the non-private step; the leaves'
 keys come from `prng.fold_in`, one elementwise fusion.  ``DPBERT_PRNG=jax`` sends every draw
-to ``jax.random`` (`prng.generator`).
+to ``jax.random`` (`prng.generator`); ``DPBERT_PRNG=kernel`` keeps the flat draw with JAX's
+threefry primitive in each block (on a GPU its precompiled kernel).
 
 Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
 key's bits), so XLA draws the noise after the backward pass instead of holding the draw's
@@ -94,7 +95,7 @@ def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
     not threefry2x32, the jax.random generator (`prng.generator`), 2^32 elements or more."""
     drawn = [i for i, t in enumerate(flags) if t and stddev > 0]
     sizes = tuple(int(leaves[i].size) for i in drawn)
-    if (not drawn or prng.generator() != "unrolled" or sum(sizes) >= 2 ** 32
+    if (not drawn or prng.generator() == "jax" or sum(sizes) >= 2 ** 32
             or any(layouts[i] is not None or trees.explicit_sharding(leaves[i]) is not None
                    for i in drawn)
             or prng.threefry_key_words(key, ()) is None):

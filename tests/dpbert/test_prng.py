@@ -170,3 +170,48 @@ def test_bernoulli_takes_a_traced_p_as_jax_random_does():
     got = jax.jit(lambda p: prng.bernoulli(key, p, (5, 7)))(jnp.float32(0.3))
     np.testing.assert_array_equal(np.asarray(got),
                                   np.asarray(jax.random.bernoulli(key, 0.3, (5, 7))))
+
+
+@pytest.fixture
+def kernel_generator(monkeypatch):
+    """DPBERT_PRNG=kernel for one test; JAX's kernel-lowering switch put back afterwards."""
+    before = jax.config.jax_threefry_gpu_kernel_lowering
+    monkeypatch.setenv(prng.GENERATOR_ENV, "kernel")
+    yield
+    jax.config.update("jax_threefry_gpu_kernel_lowering", before)
+
+
+def test_the_kernel_generator_draws_the_same_bits_through_jax_s_primitive(kernel_generator):
+    """DPBERT_PRNG=kernel: every draw the same as jax.random's (here through the primitive's
+    CPU lowering), each threefry block JAX's own primitive instead of the unrolled arithmetic,
+    and JAX's switch to its GPU kernel on."""
+    shape = (7, 3, 5)
+    for key in _keys():
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(lambda k: prng.random_bits(k, shape))(key)),
+            np.asarray(jax.random.bits(key, shape, jnp.uint32)))
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(lambda k: prng.bernoulli(k, 0.3, shape))(key)),
+            np.asarray(jax.random.bernoulli(key, 0.3, shape)))
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(lambda k: prng.standard_normal(k, shape))(key)),
+            np.asarray(jax.random.normal(key, shape)))
+    keys = jax.random.split(jax.random.key(7), 6)  # vmapped: batched keys, shared counters
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(jax.vmap(lambda k: prng.bernoulli(k, 0.8, (9, 11))))(keys)),
+        np.asarray(jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, (9, 11)))(keys)))
+    key = jax.random.key(11)
+    got = jax.jit(prng.fold_in)(key, jnp.arange(6))
+    want = jax.vmap(lambda d: jax.random.fold_in(key, d))(jnp.arange(6))
+    np.testing.assert_array_equal(np.asarray(jax.random.key_data(got)),
+                                  np.asarray(jax.random.key_data(want)))
+    assert prng.generator() == "kernel" and jax.config.jax_threefry_gpu_kernel_lowering
+    text = jax.jit(lambda k: prng.random_bits(k, (4, 9))).lower(key).as_text()
+    assert "threefry2x32" in text  # JAX's primitive, lowered as its own function
+
+
+def test_a_generator_the_module_does_not_know_is_refused(monkeypatch):
+    monkeypatch.setenv(prng.GENERATOR_ENV, "philox")
+    with pytest.raises(ValueError, match="DPBERT_PRNG='philox': expected one of unrolled, "
+                                         "kernel, jax"):
+        prng.generator()

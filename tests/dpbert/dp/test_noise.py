@@ -263,13 +263,15 @@ def test_fast_threefry_normal_sharded_over_8_devices_is_the_same_draw():
 
 
 @pytest.mark.parametrize("trainable", [None, {"a": True, "b": False, "c": True, "d": True}])
-@pytest.mark.parametrize("generator", ["unrolled", "jax"])
-def test_one_flat_draw_and_both_generators_give_the_same_noise_bit_for_bit(
-        trainable, generator, monkeypatch):
+@pytest.mark.parametrize("generator", ["unrolled", "kernel", "jax"])
+def test_one_flat_draw_and_every_generator_give_the_same_noise_bit_for_bit(
+        trainable, generator, monkeypatch, request):
     """`flat` (one draw for all leaves, `prng.standard_normal_segments`) and the leaf-by-leaf
-    draw, with the unrolled generator or jax.random (DPBERT_PRNG), draw the same noise, that of
-    ``jax.random.normal(fold_in(key, i), leaf.shape)`` on leaf i, and the same noisy sum as
-    the default (leaf by leaf, unrolled)."""
+    draw, with the unrolled generator, JAX's threefry primitive or jax.random (DPBERT_PRNG),
+    draw the same noise, that of ``jax.random.normal(fold_in(key, i), leaf.shape)`` on leaf i,
+    and the same noisy sum as the default (leaf by leaf, unrolled)."""
+    lowering = jax.config.jax_threefry_gpu_kernel_lowering  # "kernel" turns it on
+    request.addfinalizer(lambda: jax.config.update("jax_threefry_gpu_kernel_lowering", lowering))
     tree = {"a": jnp.zeros((5, 7)), "b": jnp.zeros((3,)), "c": jnp.ones(()),
             "d": jnp.full((4099,), 2.0)}
     for key in (jax.random.PRNGKey(5), jax.random.key(123)):
@@ -288,9 +290,9 @@ def test_one_flat_draw_and_both_generators_give_the_same_noise_bit_for_bit(
                                      jax.tree.leaves(added), jax.tree.leaves(today)):
                 np.testing.assert_array_equal(np.asarray(d), np.asarray(w))
                 # Leaf by leaf, XLA fuses the draw into the add (on the CPU a multiply-add of
-                # one rounding); the flat draw (unrolled only) is added as drawn: sum + noise,
+                # one rounding); the flat draw (not with "jax") is added as drawn: sum + noise,
                 # rounded once more (at most 1 ulp apart; the noise itself is the same).
-                one_draw = flat and generator == "unrolled"
+                one_draw = flat and generator != "jax"
                 np.testing.assert_array_equal(
                     np.asarray(a), np.asarray(jax.jit(jnp.add)(x, d) if one_draw else b))
         monkeypatch.delenv(prng.GENERATOR_ENV)
