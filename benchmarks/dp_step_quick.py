@@ -33,6 +33,14 @@ _SIGMA0 = flags.DEFINE_bool("quick_sigma0", False, "--quick: also time the DP st
 _JAX_PRNG = flags.DEFINE_bool("quick_jax_prng", False, "--quick: also compile the DP step "
                                "with jax.random's generator (DPBERT_PRNG=jax) instead of the "
                                "unrolled one, for the side-by-side compile ratio.")
+_DP_PRECISION = flags.DEFINE_enum(
+    "quick_dp_precision", "", ["", "high", "default"], "--quick: also compile and time the DP "
+    "step with its clipping's float32 contractions (the dense layers' and the embedding's "
+    "clipped sums, the Gram and ghost norms; jax.lax.Precision.HIGHEST in the product) at this "
+    "precision instead: on a GPU HIGHEST keeps them off the tensor cores (TF32 / bf16), which "
+    "the non-private step uses. A measurement only: the product has no such setting (the "
+    "rounding of the clipped sum against the norm that bounds it grows from 2^-24 to 2^-11 at "
+    "TF32; see BENCHMARKS.md \"On one H200\").")
 _PROFILE_DIR = flags.DEFINE_string("quick_profile_dir", "", "--quick: after the timed rounds, "
                                    "one more run of each step under jax.profiler.trace, "
                                    "written to this folder (where the DP step's time goes).")
@@ -60,9 +68,13 @@ def bench(ds, preset: str, devices: int) -> dict:
     steps = {"plain": bench_.plain_step(b), "dp": bench_.dp_step(clipper, b)}
     if _SIGMA0.value:
         steps["dp_sigma0"] = bench_.dp_step(clipper, b, noise_multiplier=0.0)
+    low = f"dp_{_DP_PRECISION.value}" if _DP_PRECISION.value else None
+    if low:
+        steps[low] = bench_.dp_step(clipper, b)  # a new aggregator: traced afresh
     compiled, compile_s = {}, {}
     for name, (fn, args) in steps.items():
-        compiled[name], compile_s[name] = ds.Bench.compile(fn, args)
+        with _dp_precision(_DP_PRECISION.value if name == low else None):
+            compiled[name], compile_s[name] = ds.Bench.compile(fn, args)
         _log(f"{tag} {name} compiled in {compile_s[name]:.1f} s, temp "
              f"{ds.temp_bytes(compiled[name]) / MIB:.0f} MiB")
     per_leaf_s = None
@@ -115,6 +127,11 @@ def bench(ds, preset: str, devices: int) -> dict:
                             "s": statistics.median(times["dp_sigma0"]) if times else None}
         row["sigma0_time_ratio"] = (statistics.median(
             [z / p for z, p in zip(times["dp_sigma0"], times["plain"])]) if times else None)
+    if low:
+        row[low] = {"compile_s": compile_s[low], "temp_mib": ds.temp_bytes(compiled[low]) / MIB,
+                    "s": statistics.median(times[low]) if times else None}
+        row[f"{low}_time_ratio"] = (statistics.median(
+            [z / p for z, p in zip(times[low], times["plain"])]) if times else None)
     if per_leaf_s is not None:
         row["per_leaf_compile_s"] = per_leaf_s
         row["per_leaf_compile_ratio"] = per_leaf_s / compile_s["plain"]
@@ -123,6 +140,24 @@ def bench(ds, preset: str, devices: int) -> dict:
         row["jax_prng_compile_ratio"] = jax_prng_s / compile_s["plain"]
     _log(f"{tag} DP / non-DP compile ratio {row['compile_ratio']:.2f}x")
     return row
+
+
+@contextlib.contextmanager
+def _dp_precision(name: str | None):
+    """The clippers' float32 contractions at `name` (None: as they are) while tracing inside:
+    the module constants `ghost._HIGHEST` and `mixed_ghost._HIGHEST`, read when traced."""
+    if not name:
+        yield
+        return
+    from dpbert.dp import ghost, mixed_ghost  # noqa: PLC0415
+
+    before = ghost._HIGHEST, mixed_ghost._HIGHEST  # noqa: SLF001
+    ghost._HIGHEST = mixed_ghost._HIGHEST = getattr(jax.lax.Precision, name.upper())  # noqa: SLF001
+    _log(f"[quick] the clipping's contractions at precision {name} (a measurement, not private)")
+    try:
+        yield
+    finally:
+        ghost._HIGHEST, mixed_ghost._HIGHEST = before  # noqa: SLF001
 
 
 @contextlib.contextmanager

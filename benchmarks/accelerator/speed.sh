@@ -11,8 +11,9 @@
 # elapsed seconds.  Each part runs under its own `timeout`, and the parts share a budget
 # ($SPEED_BUDGET_S, default 470 s; smoke 290 s): a part that would not fit is skipped.
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32: non-private and DP
-# step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also at sigma = 0;
-# a jax.profiler trace of each step, $OUT/profile_dp_fp32.trace.json.gz); the same two steps
+# step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also with its
+# clipping's contractions at the default precision, TF32; a jax.profiler trace of each step,
+# $OUT/profile_dp_fp32.trace.json.gz); the same two steps
 # with DPBERT_PRNG=kernel (JAX's threefry primitive, lowered to its precompiled GPU kernel: the
 # noise's share of the compile); Opacus (hooks, ghost
 # clipping) and PyTorch, same shapes, fp32 + TF32; the same dpbert steps in bf16; the demo's
@@ -55,8 +56,11 @@ export DEMO_STEPS
 part versions 30 $PY benchmarks/accelerator/collect.py versions
 # (jax.random's generator, --quick_jax_prng, is not compiled here any more: on an H200 its DP
 # step had not compiled after ~100 s, against 60 s unrolled; 2026-11-28, BENCHMARKS.md.)
+# The DP step also with its clipping's float32 contractions at the default precision (TF32 on
+# a GPU; --quick_dp_precision, a measurement only): how much of the DP step's extra time is
+# HIGHEST precision off the tensor cores. (The sigma = 0 split, --quick_sigma0, ran on the H100.)
 part dp_fp32 240 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_search=false \
-  --quick_sigma0 --quick_profile_dir="$WORK/profile_dp_fp32"
+  --quick_dp_precision=default --quick_profile_dir="$WORK/profile_dp_fp32"
 # Files come back from $OUT only two folders down, 8 at most, 16 MiB each: keep the trace's
 # Chrome-format file alone (the kernels of each step, "step NAME" annotations), next to the JSON.
 TRACE=$(find "$WORK/profile_dp_fp32" -name "*.trace.json.gz" 2>/dev/null | head -1)
