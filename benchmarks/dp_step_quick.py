@@ -39,7 +39,7 @@ _DP_PRECISION = flags.DEFINE_enum(
     "clipped sums, the Gram and ghost norms; jax.lax.Precision.HIGHEST in the product) at this "
     "precision instead: on a GPU HIGHEST keeps them off the tensor cores (TF32 / bf16), which "
     "the non-private step uses. A measurement only: the product has no such setting (the "
-    "rounding of the clipped sum against the norm that bounds it grows from 2^-24 to 2^-11 at "
+    "rounding of the clipped sum against the norm that bounds it grows from 2^-24 to 2^-10 at "
     "TF32; see BENCHMARKS.md \"On one H200\").")
 _PROFILE_DIR = flags.DEFINE_string("quick_profile_dir", "", "--quick: after the timed rounds, "
                                    "one more run of each step under jax.profiler.trace, "
