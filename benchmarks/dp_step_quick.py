@@ -6,7 +6,9 @@ largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memor
 short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
 compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
 draw before issue 32), `--quick_jax_prng` the DP step with `jax.random`'s generator
-(DPBERT_PRNG=jax), each for the side-by-side compile ratio; `--quick_profile_dir` a
+(DPBERT_PRNG=jax), each for the side-by-side compile ratio; `--quick_dp_precision` also
+times the DP step with its clipping's float32 contractions at another precision than HIGHEST
+(a measurement of what HIGHEST costs on a GPU; not private); `--quick_profile_dir` a
 `jax.profiler` trace of one more run of each step.  Which generator ran
 (`dpbert.prng.generator`, DPBERT_PRNG) and the library versions go into the row.
 """
