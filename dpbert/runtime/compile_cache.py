@@ -1,4 +1,5 @@
-"""JAX's persistent compilation cache, on by default for the launchers.
+"""Compiling the train step: JAX's persistent compilation cache, on by default for the
+launchers, and `compile_ahead`, which lowers and compiles with Python's garbage collector paused.
 
 A resumed, preempted or swept run compiles the same train step again at every start (BERT-base's
 DP step on one H100: about a minute before the noise was drawn in one loop; the demo's on the
@@ -12,10 +13,18 @@ the folder.  What the cache holds is compiled programs, so nothing secret may be
 one: the run's keys (noise, sampling, dropout; a task's own, e.g. dχ's and TextHide's, through
 the loop's batch-transform operand) are arguments of the jitted functions
 (`dpbert.runtime.loop`), never closed over (tests/dpbert/runtime/test_cached_programs.py).
+
+Tracing a step creates a great many short-lived Python objects (tracers, jaxpr equations, MLIR
+operations), and Python's cyclic collector runs again and again meanwhile, each full pass walking
+every live object of the process: a DP step, which traces more, paid more of it (issue 32;
+BENCHMARKS.md, "Python's garbage collector and the compile").  `compile_ahead` pauses the
+collector for the compile only; what it leaves is collected at the next ordinary pass.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import pathlib
 
@@ -55,3 +64,22 @@ def enable(config) -> str:
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECS)
     return path
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Python's cyclic garbage collector off inside the block (restored after, also on error)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def compile_ahead(jitted, *args):
+    """`jitted.lower(*args).compile()` (args may be ShapeDtypeStructs) with the garbage
+    collector paused (module doc): the same program, compiled sooner."""
+    with gc_paused():
+        return jitted.lower(*args).compile()

@@ -52,6 +52,7 @@ from dpbert.models import trainable as trainable_lib
 from dpbert.reporting import lineage as lineage_lib
 from dpbert.reporting import report as report_lib
 from dpbert.runtime import checkpointing
+from dpbert.runtime import compile_cache
 from dpbert.runtime import config_checks
 from dpbert.runtime import metrics as metrics_lib
 from dpbert.runtime import optimizers
@@ -378,8 +379,9 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
 
     announce("compiling the train step ...")
     t0 = time.time()
-    compiled = jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)).lower(
-        checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand).compile()
+    compiled = compile_cache.compile_ahead(
+        jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)),
+        checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand)
     _log_memory("train step", compiled, time.time() - t0)
     eval_step = task.eval_step(graphdef, config, data)
 
@@ -541,8 +543,8 @@ def _log_memory(name: str, compiled, seconds: float) -> None:
     except Exception:  # some backends do not implement it
         mem = None
     if mem is None:
-        announce(f"{name} compiled in {seconds:.0f} s")
+        announce(f"{name} compiled in {seconds:.1f} s")
         return
     mib = lambda x: f"{x / 2**20:.1f} MiB"  # noqa: E731
-    announce(f"{name} compiled in {seconds:.0f} s: arguments {mib(mem.argument_size_in_bytes)}, "
+    announce(f"{name} compiled in {seconds:.1f} s: arguments {mib(mem.argument_size_in_bytes)}, "
               f"temporaries {mib(mem.temp_size_in_bytes)}")

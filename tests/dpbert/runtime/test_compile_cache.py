@@ -1,7 +1,13 @@
-"""dpbert.runtime.compile_cache: where the launchers' persistent compilation cache goes."""
+"""dpbert.runtime.compile_cache: where the launchers' persistent compilation cache goes, and
+`compile_ahead` (the collector paused while the step compiles)."""
+
+import gc
 
 import jax
+import jax.numpy as jnp
 import ml_collections
+import numpy as np
+import pytest
 
 from dpbert.runtime import compile_cache
 
@@ -51,3 +57,32 @@ def test_the_default_config_says_auto():
 
     assert common.get_config().runtime.compilation_cache_dir == "auto"
     assert finetune_classification.get_config().runtime.compilation_cache_dir == "auto"
+
+
+def test_compile_ahead_pauses_the_collector_while_tracing_and_restores_it():
+    seen = []
+
+    def step(x):
+        seen.append(gc.isenabled())  # runs once, at trace time
+        return jnp.tanh(x) * 2.0
+
+    assert gc.isenabled()
+    x = jnp.arange(6.0).reshape(2, 3)
+    compiled = compile_cache.compile_ahead(jax.jit(step), jax.ShapeDtypeStruct(x.shape, x.dtype))
+    assert seen == [False] and gc.isenabled()
+    np.testing.assert_array_equal(np.asarray(compiled(x)), np.asarray(jax.jit(step)(x)))
+
+
+def test_compile_ahead_restores_the_collector_on_error_and_leaves_it_off_if_it_was():
+    def broken(x):
+        raise ValueError("bad step")
+
+    with pytest.raises(ValueError, match="bad step"):
+        compile_cache.compile_ahead(jax.jit(broken), jax.ShapeDtypeStruct((2,), jnp.float32))
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        compile_cache.compile_ahead(jax.jit(jnp.sin), jax.ShapeDtypeStruct((2,), jnp.float32))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
