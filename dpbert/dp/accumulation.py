@@ -62,6 +62,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dpbert.dp import clipping
@@ -264,37 +265,53 @@ class DPAggregator:
         """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
         return jax.random.fold_in(state.noise_key, state.step)
 
-    def noisy_gradient(self, state: DPState, clipped_sum: PyTree) -> PyTree:
+    def noisy_gradient(self, state: DPState, clipped_sum: PyTree,
+                       noise_stddev: jax.Array | None = None) -> PyTree:
         """(clipped_sum + N(0, std^2 I)) / expected_batch_size, float32 (BandMF: its
         correlated noise, `noisy_gradient_and_buffers`)."""
-        return self.noisy_gradient_and_buffers(state, clipped_sum)[0]
+        return self.noisy_gradient_and_buffers(state, clipped_sum, noise_stddev)[0]
 
-    def noisy_gradient_and_buffers(self, state: DPState,
-                                   clipped_sum: PyTree) -> tuple[PyTree, PyTree]:
+    def stddev(self, noise_stddev: jax.Array | None = None) -> float | jax.Array:
+        """The noise std a step uses: `config.noise_stddev`, or `noise_stddev` (`update`'s
+        argument) in its place when the config draws noise.  Whether noise is drawn at all is
+        the config's (sigma = 0 draws none, whatever is passed)."""
+        if noise_stddev is None or not noise_lib.draws(self.config.noise_stddev):
+            return self.config.noise_stddev
+        return jnp.asarray(noise_stddev, jnp.float32)
+
+    def stddev_argument(self) -> np.ndarray:
+        """`config.noise_stddev` as `update`'s `noise_stddev` argument (float32 [])."""
+        return np.asarray(self.config.noise_stddev, np.float32)
+
+    def noisy_gradient_and_buffers(self, state: DPState, clipped_sum: PyTree,
+                                   noise_stddev: jax.Array | None = None
+                                   ) -> tuple[PyTree, PyTree]:
         """((clipped_sum + noise) / expected_batch_size, float32; the new `buffers`). The noise:
-        N(0, std^2 I), or BandMF's correlated noise (`noise.add_correlated_noise`)."""
+        N(0, std^2 I), or BandMF's correlated noise (`noise.add_correlated_noise`); std: see
+        `stddev`."""
         if self.config.strategy is None:
             noisy = noise_lib.add_noise(clipped_sum, self.noise_key(state),
-                                        self.config.noise_stddev, self.trainable,
+                                        self.stddev(noise_stddev), self.trainable,
                                         self.noise_layouts, self.noise_flat)
             buffers = state.buffers
         else:
             noisy, buffers = noise_lib.add_correlated_noise(
-                clipped_sum, self.noise_key(state), self.config.noise_stddev,
+                clipped_sum, self.noise_key(state), self.stddev(noise_stddev),
                 self.config.strategy, state.buffers, self.trainable, self.noise_layouts,
                 self.noise_flat)
         return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy), buffers
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,
-               clipped_sum: PyTree) -> tuple[PyTree, PyTree, PyTree]:
-        grads, buffers = self.noisy_gradient_and_buffers(state, clipped_sum)
+               clipped_sum: PyTree, noise_stddev: jax.Array | None
+               ) -> tuple[PyTree, PyTree, PyTree]:
+        grads, buffers = self.noisy_gradient_and_buffers(state, clipped_sum, noise_stddev)
         updates, opt_state = self.optimizer.update(grads, opt_state, params)
         mask = trees.resolve_trainable_mask(params, self.trainable)
         updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u), updates, mask)
         return optax.apply_updates(params, updates), opt_state, buffers
 
     def update(self, state: DPState, params: PyTree, opt_state: PyTree,
-               batch: clipping.Batch, mask: jax.Array
+               batch: clipping.Batch, mask: jax.Array, noise_stddev: jax.Array | None = None
                ) -> tuple[PyTree, PyTree, DPState, dict[str, jax.Array]]:
         """One jitted call on a physical batch (see module docstring).
 
@@ -304,6 +321,12 @@ class DPAggregator:
           opt_state: the optimizer's state.
           batch: dict of arrays [B, ...] (one physical batch).
           mask: bool [B], False for padding slots.
+          noise_stddev: None (the noise std is `config.noise_stddev`, a constant of the
+            compiled program), or float32 [] with that value (`stddev_argument`), passed as
+            an argument of the jitted step: then the program does not depend on sigma, and
+            one compiled step (JAX's persistent cache) serves every sigma -- a fresh start
+            whose sigma was calibrated again on rebuilt data, a sweep over epsilon.  The
+            training loop passes it.  Whether noise is drawn is the config's (`stddev`).
 
         Returns:
           (params, opt_state, state, metrics): params/opt_state updated only when
@@ -318,7 +341,8 @@ class DPAggregator:
             first_position=state.micro_step * mask.shape[0])
         metrics = dict(metrics, num_nonfinite=nonfinite)
         if self.config.accumulation_steps == 1:
-            params, opt_state, buffers = self._apply(state, params, opt_state, grad_sum)
+            params, opt_state, buffers = self._apply(state, params, opt_state, grad_sum,
+                                                     noise_stddev)
             return params, opt_state, state.replace(step=state.step + 1,
                                                     buffers=buffers), metrics
 
@@ -327,7 +351,7 @@ class DPAggregator:
 
         def apply_branch(operands):
             p, o, a, _ = operands
-            p, o, buffers = self._apply(state, p, o, a)
+            p, o, buffers = self._apply(state, p, o, a, noise_stddev)
             return p, o, jax.tree.map(jnp.zeros_like, a), buffers
 
         params, opt_state, acc, buffers = jax.lax.cond(

@@ -57,6 +57,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dpbert import prng
 from dpbert.dp import trees
@@ -77,6 +78,16 @@ def threefry_normal(key: jax.Array, shape: tuple[int, ...],
     return prng.standard_normal(key, shape, sharding)
 
 
+def draws(stddev: float | jax.Array) -> bool:
+    """Whether noise of std `stddev` is drawn at all (decided when the step is traced): a
+    number > 0, or an array (the train step's argument, `DPAggregator.update`'s
+    `noise_stddev`: its value is not known while tracing, and the caller passes one only
+    for a private run)."""
+    if isinstance(stddev, (int, float, np.number)):
+        return float(stddev) > 0
+    return True
+
+
 def layout_leaves(layouts: PyTree | None, n: int) -> list[jax.sharding.Sharding | None]:
     """The per-leaf layouts of `add_noise` as a list of n (None: no layout anywhere)."""
     if layouts is None:
@@ -89,11 +100,11 @@ def layout_leaves(layouts: PyTree | None, n: int) -> list[jax.sharding.Sharding 
 
 
 def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
-               stddev: float) -> list | None:
+               stddev: float | jax.Array) -> list | None:
     """The noise of every trained leaf from one draw (`prng.standard_normal_segments`), or
     None where it does not apply: a leaf with a layout or an Explicit sharding, a key that is
     not threefry2x32, the jax.random generator (`prng.generator`), 2^32 elements or more."""
-    drawn = [i for i, t in enumerate(flags) if t and stddev > 0]
+    drawn = [i for i, t in enumerate(flags) if t and draws(stddev)]
     sizes = tuple(int(leaves[i].size) for i in drawn)
     if (not drawn or prng.generator() == "jax" or sum(sizes) >= 2 ** 32
             or any(layouts[i] is not None or trees.explicit_sharding(leaves[i]) is not None
@@ -110,7 +121,7 @@ def _flat_draw(leaves: list, flags: list, layouts: list, key: jax.Array,
     return out
 
 
-def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
+def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float | jax.Array,
                    trainable: PyTree | None = None, layouts: PyTree | None = None,
                    flat: bool = False) -> PyTree:
     """float32 N(0, stddev^2) arrays shaped like `tree` (zeros on frozen leaves).
@@ -141,7 +152,7 @@ def gaussian_noise(tree: PyTree, key: jax.Array, stddev: float,
     out = []
     for i, (leaf, train, layout) in enumerate(zip(leaves, flags,
                                                   layout_leaves(layouts, len(leaves)))):
-        if train and stddev > 0:
+        if train and draws(stddev):
             # Drawn directly with the leaf's sharding (Explicit mesh axes); under
             # Auto axes XLA shards the partitionable threefry draw itself.
             draw = stddev * threefry_normal(jax.random.fold_in(key, i), leaf.shape,
@@ -176,7 +187,7 @@ def _after(key: jax.Array, x: jax.Array) -> jax.Array:
     return key ^ zero
 
 
-def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
+def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float | jax.Array,
               trainable: trees.TrainableFilter = None,
               layouts: PyTree | None = None, flat: bool = False) -> PyTree:
     """clipped_sum + N(0, stddev^2 I), float32; frozen leaves get no noise.
@@ -184,7 +195,9 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     Args:
       clipped_sum: float32 pytree, the sum of clipped per-example gradients.
       key: PRNG key unique to this logical step.
-      stddev: `noise_stddev(...)`.
+      stddev: `noise_stddev(...)`: a number (a constant of the program), or a float32 []
+        array (an argument of the jitted step: one compiled program for every sigma, e.g. the
+        recalibrated sigma of a fresh start or a sweep over epsilon; `draws`).
       trainable: trainable filter (frozen leaves are left as they are).
       layouts: optional pytree like `clipped_sum` (None leaves allowed;
         `dpbert.runtime.sharding.noise_layouts`): for a REPLICATED leaf under Auto mesh axes, a
@@ -207,9 +220,9 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     # Any trainable leaf will do: every clipped sum waits for every norm, i.e. for the
     # whole backward pass.  The smallest one costs least to reduce (in its own layout).
     trained = [leaf for leaf, t in zip(leaves, flags) if t]
-    if trained and stddev > 0:
+    if trained and draws(stddev):
         key = _after(key, min(trained, key=lambda leaf: leaf.size))
-    spread = [lay if stddev > 0 and t and trees.explicit_sharding(x) is None else None
+    spread = [lay if draws(stddev) and t and trees.explicit_sharding(x) is None else None
               for x, t, lay in zip(leaves, flags, layout_leaves(layouts, len(leaves)))]
     leaves = [x if lay is None else jax.lax.with_sharding_constraint(x, lay)
               for x, lay in zip(leaves, spread)]
@@ -225,7 +238,7 @@ def add_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
     return jax.tree.unflatten(treedef, out)
 
 
-def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float,
+def add_correlated_noise(clipped_sum: PyTree, key: jax.Array, stddev: float | jax.Array,
                          strategy: tuple[float, ...], buffers: tuple,
                          trainable: trees.TrainableFilter = None,
                          layouts: PyTree | None = None,

@@ -367,11 +367,17 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
                                          sharding=sharding.batch_sharding(mesh))
     operand = None if transform is None else jax.device_put(transform.operand, rep)
 
-    def step_fn(state: TrainState, batch, mask, operand):
+    # The noise std is an argument, not a constant of the program: a fresh start whose sigma
+    # was calibrated again (the demo rebuilds its DP vocabulary, so its example count and
+    # sigma change) or a sweep over epsilon finds its train step in the persistent cache.
+    noise_stddev = jax.device_put(updater.stddev_argument(), rep)
+
+    def step_fn(state: TrainState, batch, mask, operand, noise_stddev):
         if transform is not None:
             batch = transform.train(operand, batch, state.dp.step, state.dp.micro_step)
         params, opt_state, dp_state, sums = updater.update(state.dp, state.params,
-                                                           state.opt_state, batch, mask)
+                                                           state.opt_state, batch, mask,
+                                                           noise_stddev)
         # Non-finite parameters stop the run before they are saved or exported.
         sums["params_finite"] = jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])).astype(jnp.int32)
@@ -381,8 +387,11 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     t0 = time.time()
     compiled = compile_cache.compile_ahead(
         jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)),
-        checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand)
+        checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand,
+        noise_stddev)
     _log_memory("train step", compiled, time.time() - t0)
+    train_step = lambda state, batch, mask, operand: compiled(  # noqa: E731
+        state, batch, mask, operand, noise_stddev)
     eval_step = task.eval_step(graphdef, config, data)
 
     def eval_fn(params, batch, mask, operand, index):
@@ -392,7 +401,7 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
 
     evaluator = Evaluator(task, jax.jit(eval_fn, out_shardings=rep), data, config, mesh,
                           operand)
-    return _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, evaluator,
+    return _train(task, config, workdir, ckpt, plan, data, state, train_step, operand, evaluator,
                   start_step, signature, secret, vocab_part, rows, mesh, run_info, task_key,
                   load_rows, lineage, dp, budget)
 

@@ -346,3 +346,46 @@ def test_an_unknown_generator_is_an_error(monkeypatch):
     monkeypatch.setenv(prng.GENERATOR_ENV, "philox")
     with pytest.raises(ValueError, match="DPBERT_PRNG"):
         prng.standard_normal(jax.random.PRNGKey(0), (3,))
+
+
+@pytest.mark.parametrize("strategy", [None, (0.8, 0.6)])
+@pytest.mark.parametrize("flat", [False, True])
+def test_the_noise_std_as_an_argument_makes_one_program_for_every_sigma(strategy, flat):
+    """`update`'s noise_stddev (the training loop passes it): the program holds no sigma, so
+    aggregators of two sigmas lower to the same program (the persistent cache's key); the one
+    compiled program gives the constant std's noise (to float rounding), exactly twice it for
+    twice the std, std sigma * C (KS); with sigma = 0 in the config it draws nothing."""
+    zeros = {"w": jnp.zeros((N,), jnp.float32), "b": jnp.zeros((7, 3), jnp.float32)}
+
+    def make(sigma):
+        agg = _aggregator(noise_multiplier=sigma, strategy=strategy)
+        agg.noise_flat = flat
+        return agg
+
+    def lowered(agg, argument: bool):
+        fn = (lambda s, z, sd: agg.noisy_gradient(s, z, sd)) if argument else (
+            lambda s, z, sd: agg.noisy_gradient(s, z))
+        return jax.jit(fn).lower(agg.init(zeros, 0), zeros, agg.stddev_argument())
+
+    agg, other = make(SIGMA), make(2.1)
+    assert lowered(agg, True).as_text() == lowered(other, True).as_text()
+    assert lowered(agg, False).as_text() != lowered(other, False).as_text()  # the control
+
+    state = agg.init(zeros, 0)
+    compiled = jax.jit(lambda s, z, sd: jax.tree.map(
+        lambda g: g * E, agg.noisy_gradient(s, z, sd))).lower(
+            state, zeros, agg.stddev_argument()).compile()
+    std = agg.stddev_argument()
+    assert std.dtype == np.float32 and float(std) == pytest.approx(SIGMA * C)
+    once, twice = compiled(state, zeros, std), compiled(state, zeros, 2 * std)
+    constant = _noise(agg, zeros)
+    for c, o, t in zip(jax.tree.leaves(constant), jax.tree.leaves(once),
+                       jax.tree.leaves(twice)):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(c), rtol=2e-6, atol=1e-7)
+        np.testing.assert_array_equal(np.asarray(t), 2 * np.asarray(o))
+    if strategy is None:
+        _assert_std(once["w"], SIGMA * C)
+    silent = make(0.0)
+    out = jax.jit(lambda s, z, sd: silent.noisy_gradient(s, z, sd))(
+        silent.init(zeros, 0), zeros, np.float32(1.0))
+    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(out))

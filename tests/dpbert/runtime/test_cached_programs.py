@@ -185,3 +185,25 @@ def test_both_checks_find_a_key_compiled_in_as_a_constant(own_cache):
     safe = jax.jit(lambda k, x: x + jax.random.normal(jax.random.wrap_key_data(k), x.shape))
     safe(jnp.asarray(np.asarray([0x6E93A2D7, 0x2C40F5B8], np.uint32)), jnp.zeros(4))
     assert not _found(_programs(own_cache), [(0x6E93A2D7, 0x2C40F5B8)])
+
+
+@pytest.mark.slow
+def test_a_run_with_another_sigma_compiles_no_new_program(cache_dir, tmp_path, own_cache):
+    """The noise std is an argument of the train step, not a constant: a fresh start whose
+    sigma was calibrated again (the demo rebuilds its DP vocabulary, and with it its example
+    count and sigma) or a sweep over epsilon loads every program from the persistent cache."""
+    from tests.dpbert.tasks.test_pretraining import small_config  # noqa: PLC0415
+
+    def run(sigma, workdir):
+        config = small_config(cache_dir, **{"dp.noise_multiplier": sigma,
+                                            "train.num_steps": 2, "train.eval_every": 0,
+                                            "train.export_hf": False})
+        train.train_and_evaluate(config, workdir)
+
+    before = set(_programs(own_cache))
+    run(1.0, tmp_path / "a")
+    after_first = set(_programs(own_cache))
+    assert any("step_fn" in name for name in after_first - before)  # compiled and written
+    run(1.37, tmp_path / "b")
+    new = sorted(set(_programs(own_cache)) - after_first)
+    assert not new, f"programs compiled again for another sigma (sigma is a constant): {new}"
