@@ -49,7 +49,8 @@ Typical wiring (training loop, issue 4)::
         for _ in range(config.dp.accumulation_steps):  # one logical batch
             indices, mask = next(sampler)               # dpbert.dp.sampling
             params, opt_state, dp_state, metrics = step(dp_state, params, opt_state,
-                                                        load(indices), mask)
+                                                        load(indices), mask,
+                                                        agg.stddev_argument())
         budget.record_step()                            # one noise draw was added
 """
 

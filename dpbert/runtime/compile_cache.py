@@ -13,6 +13,10 @@ the folder.  What the cache holds is compiled programs, so nothing secret may be
 one: the run's keys (noise, sampling, dropout; a task's own, e.g. dχ's and TextHide's, through
 the loop's batch-transform operand) are arguments of the jitted functions
 (`dpbert.runtime.loop`), never closed over (tests/dpbert/runtime/test_cached_programs.py).
+The noise std is an argument of the train step too (`DPAggregator.update`'s `noise_stddev`):
+not for secrecy (sigma is public) but so that a program serves every sigma -- the demo's fresh
+start builds a new DP vocabulary, so its example count and calibrated sigma change from run to
+run, and a sweep over epsilon changes sigma at every point.
 
 Tracing a step creates a great many short-lived Python objects (tracers, jaxpr equations, MLIR
 operations), and Python's cyclic collector runs again and again meanwhile, each full pass walking
