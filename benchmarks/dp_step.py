@@ -307,7 +307,10 @@ class Bench:
                                     agg.state_sharding(self.p_sh, self.rep), self.rep))
         batch, mask = ((self.batch, self.mask) if batch_size is None
                        else self.abstract_batch(batch_size))
-        args = (state, self.fresh(self.params), self.fresh(self.opt_state), batch, mask)
+        # The noise std as an argument, as the training loop passes it (the program holds no
+        # sigma; `DPAggregator.update`'s noise_stddev).
+        args = (state, self.fresh(self.params), self.fresh(self.opt_state), batch, mask,
+                agg.stddev_argument())
         return fn, args
 
     def noise_only(self, generator: str = "dpbert"):
