@@ -303,16 +303,18 @@ class DPAggregator:
         return jax.tree.map(lambda g: g / self.config.expected_batch_size, noisy), buffers
 
     def _apply(self, state: DPState, params: PyTree, opt_state: PyTree,
-               clipped_sum: PyTree, noise_stddev: jax.Array | None
+               clipped_sum: PyTree, noise_stddev: jax.Array | None,
+               optimizer: optax.GradientTransformation | None
                ) -> tuple[PyTree, PyTree, PyTree]:
         grads, buffers = self.noisy_gradient_and_buffers(state, clipped_sum, noise_stddev)
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        updates, opt_state = (optimizer or self.optimizer).update(grads, opt_state, params)
         mask = trees.resolve_trainable_mask(params, self.trainable)
         updates = jax.tree.map(lambda u, t: u if t else jnp.zeros_like(u), updates, mask)
         return optax.apply_updates(params, updates), opt_state, buffers
 
     def update(self, state: DPState, params: PyTree, opt_state: PyTree,
-               batch: clipping.Batch, mask: jax.Array, noise_stddev: jax.Array | None = None
+               batch: clipping.Batch, mask: jax.Array, noise_stddev: jax.Array | None = None,
+               optimizer: optax.GradientTransformation | None = None
                ) -> tuple[PyTree, PyTree, DPState, dict[str, jax.Array]]:
         """One jitted call on a physical batch (see module docstring).
 
@@ -328,6 +330,9 @@ class DPAggregator:
             one compiled step (JAX's persistent cache) serves every sigma -- a fresh start
             whose sigma was calibrated again on rebuilt data, a sweep over epsilon.  The
             training loop passes it.  Whether noise is drawn is the config's (`stddev`).
+          optimizer: None (the aggregator's), or an optimizer with the same state layout built
+            while the step is traced (the training loop's, from the step's argument of
+            optimizer numbers: `dpbert.runtime.optimizers.make_optimizer`'s `numbers`).
 
         Returns:
           (params, opt_state, state, metrics): params/opt_state updated only when
@@ -343,7 +348,7 @@ class DPAggregator:
         metrics = dict(metrics, num_nonfinite=nonfinite)
         if self.config.accumulation_steps == 1:
             params, opt_state, buffers = self._apply(state, params, opt_state, grad_sum,
-                                                     noise_stddev)
+                                                     noise_stddev, optimizer)
             return params, opt_state, state.replace(step=state.step + 1,
                                                     buffers=buffers), metrics
 
@@ -352,7 +357,7 @@ class DPAggregator:
 
         def apply_branch(operands):
             p, o, a, _ = operands
-            p, o, buffers = self._apply(state, p, o, a, noise_stddev)
+            p, o, buffers = self._apply(state, p, o, a, noise_stddev, optimizer)
             return p, o, jax.tree.map(jnp.zeros_like, a), buffers
 
         params, opt_state, acc, buffers = jax.lax.cond(

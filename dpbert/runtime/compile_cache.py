@@ -16,7 +16,10 @@ the loop's batch-transform operand) are arguments of the jitted functions
 The noise std is an argument of the train step too (`DPAggregator.update`'s `noise_stddev`):
 not for secrecy (sigma is public) but so that a program serves every sigma -- the demo's fresh
 start builds a new DP vocabulary, so its example count and calibrated sigma change from run to
-run, and a sweep over epsilon changes sigma at every point.
+run, and a sweep over epsilon changes sigma at every point.  So are the optimizer's numbers a
+sweep varies (learning rate, warmup and total steps, weight decay, the head's scale:
+`dpbert.runtime.optimizers.SWEPT`); what changes the program's structure (the optimizer's name,
+the model, the batch shape, the clipper, b1 / b2 / eps) compiles anew.
 
 Tracing a step creates a great many short-lived Python objects (tracers, jaxpr equations, MLIR
 operations), and Python's cyclic collector runs again and again meanwhile, each full pass walking

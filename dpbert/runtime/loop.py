@@ -371,13 +371,18 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     # was calibrated again (the demo rebuilds its DP vocabulary, so its example count and
     # sigma change) or a sweep over epsilon finds its train step in the persistent cache.
     noise_stddev = jax.device_put(updater.stddev_argument(), rep)
+    # So are the optimizer's numbers (learning rate, warmup and total steps, weight decay, head
+    # scale): a sweep over them finds its train step in the cache too (`optimizers.SWEPT`).
+    numbers = jax.device_put(optimizers.numbers_argument(opt_config), rep)
 
-    def step_fn(state: TrainState, batch, mask, operand, noise_stddev):
+    def step_fn(state: TrainState, batch, mask, operand, noise_stddev, numbers):
         if transform is not None:
             batch = transform.train(operand, batch, state.dp.step, state.dp.micro_step)
+        step_optimizer = optimizers.make_optimizer(opt_config, state.params,
+                                                   trainable=trainable, numbers=numbers)
         params, opt_state, dp_state, sums = updater.update(state.dp, state.params,
                                                            state.opt_state, batch, mask,
-                                                           noise_stddev)
+                                                           noise_stddev, step_optimizer)
         # Non-finite parameters stop the run before they are saved or exported.
         sums["params_finite"] = jnp.all(jnp.stack(
             [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])).astype(jnp.int32)
@@ -388,10 +393,10 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
     compiled = compile_cache.compile_ahead(
         jax.jit(step_fn, donate_argnums=0, out_shardings=(state_sh, rep)),
         checkpointing.abstract_like(state), abstract_batch, abstract_mask, operand,
-        noise_stddev)
+        noise_stddev, numbers)
     _log_memory("train step", compiled, time.time() - t0)
     train_step = lambda state, batch, mask, operand: compiled(  # noqa: E731
-        state, batch, mask, operand, noise_stddev)
+        state, batch, mask, operand, noise_stddev, numbers)
     eval_step = task.eval_step(graphdef, config, data)
 
     def eval_fn(params, batch, mask, operand, index):

@@ -17,6 +17,15 @@ Config fields (an ml_collections.ConfigDict or any mapping / attribute object):
 
 Steps count optimizer *updates* (logical DP batches), not jitted calls.
 
+The numbers a sweep varies (`SWEPT`: learning_rate, warmup_steps, total_steps, weight_decay,
+head_learning_rate_scale) can be an argument of the jitted train step instead of constants of
+its program: ``make_optimizer(config, params, numbers=x)`` with x a float32 array inside the
+step (`numbers_argument(config)` outside it).  The optimizer is then built while the step is
+traced, with the config's structure (which optimizer, which leaves decay or train, whether the
+head has a scale of its own) and x's values, and one compiled step (JAX's persistent cache,
+`dpbert.runtime.compile_cache`) serves every point of a sweep over them.  b1, b2 and eps stay
+constants (b1 = 0 changes the SGD state's layout).
+
 Weight decay follows BERT: no decay on LayerNorm parameters and on any bias
 (`weight_decay_mask`).  Frozen parameters (`trainable` filter) get no update at
 all (`optax.set_to_zero`) and no optimizer state.  No gradient clipping here:
@@ -30,6 +39,8 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dpbert.dp import trees
@@ -43,6 +54,9 @@ HEAD_MODULE = "classifier"   # the fine-tuning models' head (dpbert.models.heads
 # the MLM output bias whatever its attribute name ends with) and LayerNorm `scale`.
 _NO_DECAY_LEAF_NAMES = ("bias", "scale")
 _NO_DECAY_MODULE_HINTS = ("layernorm", "layer_norm")
+# The numbers `numbers_argument` passes to the train step, in this order (module docstring).
+SWEPT = ("learning_rate", "warmup_steps", "total_steps", "weight_decay",
+         "head_learning_rate_scale")
 
 
 def _get(config: Any, name: str) -> Any:
@@ -86,9 +100,8 @@ def weight_decay_mask(params: PyTree) -> PyTree:
         lambda path, _: is_decayed(trees.path_names(path)), params)
 
 
-def make_schedule(config: Any) -> optax.Schedule:
-    """Linear warmup 0 -> learning_rate over warmup_steps, then linear decay to 0."""
-    lr = _number(config, "learning_rate", minimum=0.0, strict=True)
+def _steps(config: Any) -> tuple[int, int]:
+    """(warmup_steps, total_steps), checked."""
     total = _get(config, "total_steps")
     warmup = _get(config, "warmup_steps")
     for name, value in (("total_steps", total), ("warmup_steps", warmup)):
@@ -97,14 +110,54 @@ def make_schedule(config: Any) -> optax.Schedule:
     if total <= warmup:
         raise ValueError(f"optimizer config total_steps={total} must exceed "
                          f"warmup_steps={warmup}")
+    return warmup, total
+
+
+def _linear(start, end, steps) -> optax.Schedule:
+    """``optax.linear_schedule(start, end, steps)`` (steps >= 1), for values that may be
+    traced (optax's checks `steps` in Python): the same float32 operations."""
+    def schedule(count):
+        frac = 1 - jnp.clip(count, 0, steps) / steps
+        return (start - end) * frac + end
+    return schedule
+
+
+def _warmup_decay(lr, warmup, total) -> optax.Schedule:
+    """Linear warmup 0 -> lr over max(warmup, 1) updates, then linear decay to 0 at `total`:
+    ``optax.join_schedules`` of two linear schedules, with numbers that may be traced."""
+    up = _linear(0.0, lr, jnp.maximum(warmup, 1))
+    down = _linear(lr, 0.0, total - warmup)
+    return lambda count: jnp.where(count < warmup, up(count), down(count - warmup))
+
+
+def make_schedule(config: Any, numbers: jax.Array | None = None) -> optax.Schedule:
+    """Linear warmup 0 -> learning_rate over warmup_steps, then linear decay to 0.
+    `numbers`: see `make_optimizer` (the config is checked either way)."""
+    lr = _number(config, "learning_rate", minimum=0.0, strict=True)
+    warmup, total = _steps(config)
+    if numbers is not None:
+        lr, warmup, total = (numbers[SWEPT.index(k)]
+                             for k in ("learning_rate", "warmup_steps", "total_steps"))
+        return _warmup_decay(lr, warmup, total)
     return optax.join_schedules(
         [optax.linear_schedule(0.0, lr, max(warmup, 1)),
          optax.linear_schedule(lr, 0.0, total - warmup)],
         boundaries=[warmup])
 
 
+def numbers_argument(config: Any) -> np.ndarray:
+    """float32 [len(SWEPT)]: the config's `SWEPT` numbers, checked, as `make_optimizer`'s
+    `numbers` (an argument of the jitted train step)."""
+    make_optimizer(config)  # every check
+    if _get(config, "total_steps") >= 2 ** 24:  # exact in float32
+        raise ValueError(f"optimizer config total_steps={_get(config, 'total_steps')} must be "
+                         "< 2^24")
+    return np.asarray([float(_get(config, k)) for k in SWEPT], np.float32)
+
+
 def make_optimizer(config: Any, params: PyTree | None = None, *,
-                   trainable: trees.TrainableFilter = None) -> optax.GradientTransformation:
+                   trainable: trees.TrainableFilter = None,
+                   numbers: jax.Array | None = None) -> optax.GradientTransformation:
     """Builds the optax optimizer named by `config.name` (see module docstring).
 
     Args:
@@ -112,6 +165,10 @@ def make_optimizer(config: Any, params: PyTree | None = None, *,
       params: the parameter pytree (needed when `trainable` is given; the decay
         mask is computed lazily from the params passed to `init`).
       trainable: trainable filter; frozen leaves get zero updates and no state.
+      numbers: None (the config's numbers, constants of a compiled step), or float32
+        [len(SWEPT)] (`numbers_argument`; inside a jitted step, its argument): the values of
+        `SWEPT` used in place of the config's, which still decides the structure and is
+        checked.  The optimizer's state has the same layout either way.
 
     Raises:
       ValueError: on an unknown optimizer name or a bad field value.
@@ -119,7 +176,7 @@ def make_optimizer(config: Any, params: PyTree | None = None, *,
     name = _get(config, "name")
     if name not in OPTIMIZERS:
         raise ValueError(f"optimizer config name={name!r} is not one of {list(OPTIMIZERS)}")
-    schedule = make_schedule(config)
+    schedule = make_schedule(config, numbers)
     wd = _number(config, "weight_decay", minimum=0.0)
     b1 = _number(config, "b1", minimum=0.0)
     b2 = _number(config, "b2", minimum=0.0)
@@ -127,15 +184,19 @@ def make_optimizer(config: Any, params: PyTree | None = None, *,
     head_scale = _number(config, "head_learning_rate_scale", minimum=0.0, strict=True)
     if b1 >= 1 or b2 >= 1:
         raise ValueError(f"optimizer config b1={b1}, b2={b2} must be < 1")
+    # The values (constants, or the step's argument); the structure below is the config's.
+    wd_value, head_value = ((wd, head_scale) if numbers is None else
+                            (numbers[SWEPT.index("weight_decay")],
+                             numbers[SWEPT.index("head_learning_rate_scale")]))
 
     def build(lr: optax.Schedule) -> optax.GradientTransformation:
         if name == "adamw":
-            return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd,
+            return optax.adamw(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd_value,
                                mask=weight_decay_mask)
         if name == "lamb":
-            return optax.lamb(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd,
+            return optax.lamb(lr, b1=b1, b2=b2, eps=eps, weight_decay=wd_value,
                               mask=weight_decay_mask)
-        return optax.chain(optax.add_decayed_weights(wd, mask=weight_decay_mask),
+        return optax.chain(optax.add_decayed_weights(wd_value, mask=weight_decay_mask),
                            optax.sgd(lr, momentum=b1 or None))
 
     opt = build(schedule)
@@ -160,5 +221,5 @@ def make_optimizer(config: Any, params: PyTree | None = None, *,
         if "head" not in jax.tree.leaves(labels):
             raise ValueError(f"optimizer config head_learning_rate_scale={head_scale} but the "
                              f"model has no trainable '{HEAD_MODULE}' parameters")
-        transforms["head"] = build(lambda step: head_scale * schedule(step))
+        transforms["head"] = build(lambda step: head_value * schedule(step))
     return optax.multi_transform(transforms, labels)

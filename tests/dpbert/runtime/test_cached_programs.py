@@ -188,22 +188,25 @@ def test_both_checks_find_a_key_compiled_in_as_a_constant(own_cache):
 
 
 @pytest.mark.slow
-def test_a_run_with_another_sigma_compiles_no_new_program(cache_dir, tmp_path, own_cache):
-    """The noise std is an argument of the train step, not a constant: a fresh start whose
-    sigma was calibrated again (the demo rebuilds its DP vocabulary, and with it its example
-    count and sigma) or a sweep over epsilon loads every program from the persistent cache."""
+def test_a_run_with_another_sigma_or_learning_rate_compiles_no_new_program(cache_dir, tmp_path,
+                                                                           own_cache):
+    """The noise std and the optimizer's numbers are arguments of the train step, not
+    constants: a fresh start whose sigma was calibrated again (the demo rebuilds its DP
+    vocabulary, and with it its example count and sigma), a sweep over epsilon, or over the
+    learning rate, warmup or weight decay loads every program from the persistent cache."""
     from tests.dpbert.tasks.test_pretraining import small_config  # noqa: PLC0415
 
-    def run(sigma, workdir):
-        config = small_config(cache_dir, **{"dp.noise_multiplier": sigma,
-                                            "train.num_steps": 2, "train.eval_every": 0,
-                                            "train.export_hf": False})
+    def run(workdir, **overrides):
+        config = small_config(cache_dir, **{"train.num_steps": 2, "train.eval_every": 0,
+                                            "train.export_hf": False, **overrides})
         train.train_and_evaluate(config, workdir)
 
     before = set(_programs(own_cache))
-    run(1.0, tmp_path / "a")
+    run(tmp_path / "a", **{"dp.noise_multiplier": 1.0})
     after_first = set(_programs(own_cache))
     assert any("step_fn" in name for name in after_first - before)  # compiled and written
-    run(1.37, tmp_path / "b")
+    run(tmp_path / "b", **{"dp.noise_multiplier": 1.37, "optimizer.learning_rate": 3.3e-4,
+                           "optimizer.warmup_steps": 1, "optimizer.weight_decay": 0.05})
     new = sorted(set(_programs(own_cache)) - after_first)
-    assert not new, f"programs compiled again for another sigma (sigma is a constant): {new}"
+    assert not new, ("programs compiled again for another sigma or optimizer number (one is a "
+                     f"constant): {new}")

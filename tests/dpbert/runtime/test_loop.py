@@ -34,7 +34,7 @@ def cache_dir(tmp_path_factory):
 
 def _nan_after(steps: int):
     """An optimizer that moves the parameters a little, then makes them NaN."""
-    def make(config, params, trainable=None):
+    def make(config, params=None, trainable=None, numbers=None):
         lr = lambda count: jnp.where(count >= steps, jnp.nan, 1e-3)  # noqa: E731
         return optax.chain(optax.scale_by_adam(), optax.scale_by_learning_rate(lr))
     return make

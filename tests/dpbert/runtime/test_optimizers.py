@@ -137,3 +137,93 @@ def test_head_learning_rate_scale_multiplies_only_the_head_step(name):
     with pytest.raises(ValueError, match="no trainable 'classifier'"):
         optimizers.make_optimizer(_config(head_learning_rate_scale=2.0),
                                   {"bert": params["bert"]})
+
+
+# --- the optimizer's numbers as an argument of the train step (optimizers.SWEPT) -------------
+
+@pytest.mark.parametrize("warmup, total", [(10, 110), (0, 7), (3, 4)])
+def test_schedule_from_the_numbers_argument_is_optax_s(warmup, total):
+    """The same schedule to float32 rounding: with constants XLA turns the division by the
+    number of steps into a multiplication by its reciprocal (an ulp apart at some steps; at
+    and after total_steps optax's gives -1e-11 where the argument's gives exactly 0)."""
+    config = _config(learning_rate=3e-4, warmup_steps=warmup, total_steps=total)
+    counts = jnp.arange(total + 5, dtype=jnp.int32)
+    want = jax.jit(jax.vmap(optimizers.make_schedule(config)))(counts)
+    got = jax.jit(lambda x, c: jax.vmap(optimizers.make_schedule(config, x))(c))(
+        optimizers.numbers_argument(config), counts)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-7, atol=1e-10)
+    assert float(got[warmup]) == pytest.approx(3e-4) and np.all(np.asarray(got[total:]) == 0)
+
+
+def _head_params():
+    return {"bert": {"dense": {"kernel": jnp.linspace(0.5, 1.5, 9).reshape(3, 3),
+                               "bias": jnp.ones(3)},
+                     "word": {"embedding": jnp.ones(4)}},
+            "classifier": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}}
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb", "sgd"])
+def test_numbers_as_an_argument_update_as_the_constants_do(name):
+    """Three updates with the numbers passed to the jitted step equal those with the config's
+    constants, bit for bit (frozen leaves, decay mask and head scale included), and the state
+    has one layout."""
+    params = _head_params()
+    frozen = trees.freeze_paths_containing("word")
+    config = _config(name=name, warmup_steps=2, total_steps=5, weight_decay=0.1,
+                     head_learning_rate_scale=3.0, b1=0.5)
+    constant = optimizers.make_optimizer(config, params, trainable=frozen)
+
+    @jax.jit
+    def with_numbers(grads, state, params, numbers):
+        opt = optimizers.make_optimizer(config, params, trainable=frozen, numbers=numbers)
+        return opt.update(grads, state, params)
+
+    numbers = optimizers.numbers_argument(config)
+    a = b = constant.init(params)
+    assert jax.tree.structure(a) == jax.tree.structure(
+        optimizers.make_optimizer(config, params, trainable=frozen,
+                                  numbers=jnp.asarray(numbers)).init(params))
+    for i in range(3):
+        grads = jax.tree.map(lambda x: (0.3 + i) * jnp.ones_like(x), params)
+        ua, a = jax.jit(constant.update)(grads, a, params)
+        ub, b = with_numbers(grads, b, params, numbers)
+        jax.tree.map(np.testing.assert_array_equal, ub, ua)
+        jax.tree.map(np.testing.assert_array_equal, b, a)
+    assert np.any(np.asarray(ua["classifier"]["kernel"]) != 0)
+
+
+def test_one_program_serves_every_value_of_the_numbers():
+    """The program does not depend on the values: two learning rates, warmups and weight
+    decays lower to the same text (the persistent cache's key), and the values still act."""
+    params = _head_params()
+    grads = jax.tree.map(jnp.ones_like, params)
+
+    def step(config):
+        numbers = optimizers.numbers_argument(config)
+
+        def f(state, numbers):
+            opt = optimizers.make_optimizer(config, params, numbers=numbers)
+            return opt.update(grads, state, params)[0]
+
+        state = optimizers.make_optimizer(config).init(params)
+        state = jax.tree.map(lambda x: x + 5 if x.dtype == jnp.int32 else x, state)  # count 5
+        return jax.jit(f).lower(state, numbers).as_text(), jax.jit(f)(state, numbers)
+
+    text_a, upd_a = step(_config(learning_rate=1e-3, warmup_steps=2, weight_decay=0.01))
+    text_b, upd_b = step(_config(learning_rate=5e-4, warmup_steps=4, weight_decay=0.1))
+    assert text_a == text_b
+    assert not np.allclose(upd_a["bert"]["dense"]["kernel"], upd_b["bert"]["dense"]["kernel"])
+    # Control: with the numbers as constants the programs differ.
+    const = lambda c: jax.jit(lambda s: optimizers.make_optimizer(c).update(  # noqa: E731
+        grads, s, params)[0]).lower(optimizers.make_optimizer(c).init(params)).as_text()
+    assert const(_config(learning_rate=1e-3)) != const(_config(learning_rate=5e-4))
+
+
+def test_numbers_argument_checks_the_config():
+    with pytest.raises(ValueError, match="learning_rate"):
+        optimizers.numbers_argument(_config(learning_rate=-1.0))
+    with pytest.raises(ValueError, match="total_steps"):
+        optimizers.numbers_argument(_config(total_steps=2 ** 24))
+    np.testing.assert_array_equal(
+        optimizers.numbers_argument(_config(head_learning_rate_scale=2.0)),
+        np.asarray([1e-3, 10, 100, 0.01, 2.0], np.float32))
