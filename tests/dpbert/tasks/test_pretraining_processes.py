@@ -137,10 +137,17 @@ def test_kill_and_sigterm_then_resume_equal_uninterrupted(cache_dir, tmp_path):
     proc = run_cli(*cli_train_args(resumed, cache_dir, flags))
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
-    a, step_a = final_params(twin)
-    b, step_b = final_params(resumed)
-    assert step_a == step_b == 8
-    assert_trees(a, b, exact=True)
+    # Step 6 first (both saved it: the twin on its way, the resumed run before Ctrl-C), so a
+    # failure says in which stretch the two parted.
+    for step in (6, 8):
+        a, step_a = final_params(twin, step)
+        b, step_b = final_params(resumed, step)
+        assert step_a == step_b == step
+        try:
+            assert_trees(a, b, exact=True)
+        except AssertionError as e:
+            raise AssertionError(f"the resumed run and its twin differ at step {step}") from e
+    assert final_params(twin)[1] == final_params(resumed)[1] == 8
     report = json.loads((resumed / "privacy_report.json").read_text())
     assert report["training"]["secret_randomness"] is True
 
