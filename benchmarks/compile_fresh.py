@@ -9,6 +9,8 @@ first finds JAX's tracing caches warm; a training run compiles its step once, co
 (clipping only) and the DP step (clipping and noise), BERT of each size, batch 32, seq 128, one
 CPU device, timed from `jit(...).lower` to the end of `.compile()` (tracing + XLA), rounds
 interleaved; printed: the median seconds and the DP / non-DP ratio (issue 32's goal: <= 1.3),
+the same against the trainer's own non-private step (`Bench.trainer_plain_step`: what
+dp.enabled=False compiles, where "plain" is a minimal hand-written step),
 and the same for the CPU seconds the process spent (XLA compiles on every core: less sensitive
 to a busy machine than the wall clock, which varies by +-20 % from run to run on 2 cores).
 `--base`: the same, side by side, for another checkout of the code (e.g. the commit before a
@@ -30,7 +32,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 4, "Fresh-process compiles per step and
 _BASE = flags.DEFINE_string("base", "", "Another checkout to measure side by side.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object per model.")
 
-STEPS = ("plain", "dp_sigma0", "dp")
+STEPS = ("plain", "trainer_plain", "dp_sigma0", "dp")
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # One compile, in the checkout given as the working directory (dp_step's Bench builds it).
@@ -43,7 +45,11 @@ model, step = sys.argv[1], sys.argv[2]
 flags.FLAGS([sys.argv[0], f"--models={model}", "--devices=1"])
 bench = ds.Bench(model, 1)
 b = ds._BATCH.value
+if step == "trainer_plain" and not hasattr(ds.Bench, "trainer_plain_step"):
+    print(json.dumps(None))  # a --base checkout from before it
+    sys.exit(0)
 fn, args = (bench.plain_step(b) if step == "plain" else
+            bench.trainer_plain_step(b) if step == "trainer_plain" else
             bench.dp_step(ds.default_clipper(), b,
                           noise_multiplier=0.0 if step == "dp_sigma0" else 1.0))
 try:  # as the training loop compiles (dpbert.runtime.compile_cache.compile_ahead)
@@ -71,12 +77,15 @@ def _compile_once(root: str, model: str, step: str) -> dict:
 
 
 def _summary(runs: dict[str, list[dict]]) -> dict:
-    total = {s: statistics.median(r["lower_s"] + r["compile_s"] for r in runs[s]) for s in STEPS}
-    cpu = {s: statistics.median(r["cpu_s"] for r in runs[s]) for s in STEPS}
+    steps = [s for s in STEPS if all(r is not None for r in runs[s])]
+    total = {s: statistics.median(r["lower_s"] + r["compile_s"] for r in runs[s]) for s in steps}
+    cpu = {s: statistics.median(r["cpu_s"] for r in runs[s]) for s in steps}
+    trainer = "trainer_plain" in total
     return {"seconds": total, "cpu_seconds": cpu, "cpu_compile_ratio": cpu["dp"] / cpu["plain"],
-            "lower_s": {s: statistics.median(r["lower_s"] for r in runs[s]) for s in STEPS},
+            "lower_s": {s: statistics.median(r["lower_s"] for r in runs[s]) for s in steps},
             "compile_ratio": total["dp"] / total["plain"],
             "sigma0_compile_ratio": total["dp_sigma0"] / total["plain"],
+            "trainer_compile_ratio": total["dp"] / total["trainer_plain"] if trainer else None,
             "runs": runs}
 
 
@@ -96,11 +105,14 @@ def main(argv):
                **{name: _summary(runs[name]) for name in roots}}
         for name in roots:
             s = row[name]
+            trainer = ("" if s["trainer_compile_ratio"] is None else
+                       f"; the trainer's non-private step {s['seconds']['trainer_plain']:.2f} s: DP "
+                       f"/ it {s['trainer_compile_ratio']:.2f}x")
             print(f"[{model}] {name}: plain {s['seconds']['plain']:.2f} s, DP sigma=0 "
                   f"{s['seconds']['dp_sigma0']:.2f} s, DP {s['seconds']['dp']:.2f} s: DP / "
                   f"non-DP {s['compile_ratio']:.2f}x (sigma=0 {s['sigma0_compile_ratio']:.2f}x); "
                   f"CPU seconds {s['cpu_seconds']['plain']:.2f} / {s['cpu_seconds']['dp_sigma0']:.2f}"
-                  f" / {s['cpu_seconds']['dp']:.2f}: {s['cpu_compile_ratio']:.2f}x",
+                  f" / {s['cpu_seconds']['dp']:.2f}: {s['cpu_compile_ratio']:.2f}x{trainer}",
                   file=sys.stderr, flush=True)
         if _JSON.value:
             print(json.dumps(row), flush=True)

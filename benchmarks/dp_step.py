@@ -98,6 +98,7 @@ def _setup_platform() -> None:
 _setup_platform()
 
 import json  # noqa: E402
+import math  # noqa: E402
 import platform as platform_lib  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -341,6 +342,25 @@ class Bench:
         args = (self.fresh(self.params), self.fresh(self.opt_state), batch,
                 jax.random.PRNGKey(0))
         return fn, args
+
+    def trainer_plain_step(self, microbatch_size: int, batch_size: int | None = None):
+        """(jitted step, its arguments): the trainer's own non-private step (dp.enabled=False:
+        `DPAggregator` with the "none" clipper, `clipping.BatchGradient`, no noise: its metric
+        sums, its finiteness check and its state, as `plan.make_updater` builds it), where
+        `plain_step` is a minimal hand-written one."""
+        config = accumulation.DPConfig(clip_norm=math.inf, noise_multiplier=0.0,
+                                       expected_batch_size=float(_BATCH.value),
+                                       microbatch_size=microbatch_size, num_shards=self.devices)
+        clip = clipping.get_clipper("none").make(math.inf, microbatch_size, self.devices, None)
+        agg = accumulation.DPAggregator(config, clipping.batch_loss(self.loss_fn),
+                                        self.optimizer, clipper=clip)
+        fn = jax.jit(agg.update, donate_argnums=(1, 2),
+                     out_shardings=(self.p_sh, self.o_sh,
+                                    agg.state_sharding(self.p_sh, self.rep), self.rep))
+        batch, mask = ((self.batch, self.mask) if batch_size is None
+                       else self.abstract_batch(batch_size))
+        return fn, (self.dp_state(agg), self.fresh(self.params), self.fresh(self.opt_state),
+                    batch, mask)
 
     @staticmethod
     def compile(fn, args):

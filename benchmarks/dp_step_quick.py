@@ -5,7 +5,8 @@ issue 32: <= 1.3x), its time (median of `--rounds` interleaved rounds), its temp
 largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memory_cap_mib`, by a
 short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
 compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
-draw before issue 32), `--quick_jax_prng` the DP step with `jax.random`'s generator
+draw before issue 32), `--quick_trainer_plain` the trainer's own non-private step
+(dp.enabled=False; the row's non-private step is a minimal hand-written one), `--quick_jax_prng` the DP step with `jax.random`'s generator
 (DPBERT_PRNG=jax), each for the side-by-side compile ratio; `--quick_dp_precision` also
 times the DP step with its clipping's float32 contractions at another precision than HIGHEST
 (a measurement of what HIGHEST costs on a GPU; not private); `--quick_profile_dir` a
@@ -46,6 +47,11 @@ _DP_PRECISION = flags.DEFINE_enum(
 _PROFILE_DIR = flags.DEFINE_string("quick_profile_dir", "", "--quick: after the timed rounds, "
                                    "one more run of each step under jax.profiler.trace, "
                                    "written to this folder (where the DP step's time goes).")
+_TRAINER_PLAIN = flags.DEFINE_bool(
+    "quick_trainer_plain", False, "--quick: also compile the trainer's own non-private step "
+    "(dp.enabled=False: the aggregator with the 'none' clipper, its metric sums and finiteness "
+    "check; `Bench.trainer_plain_step`) and give the DP step's compile ratio against it too "
+    "(the non-private step of the row is a minimal hand-written one).")
 _MAX_COMPILES = flags.DEFINE_integer("quick_max_compiles", 2, "--quick: compiles per step in "
                                      "the search of the largest batch.")
 
@@ -83,6 +89,10 @@ def bench(ds, preset: str, devices: int) -> dict:
     if _PER_LEAF.value:
         per_leaf_s = ds.Bench.compile(*bench_.dp_step(clipper, b, noise_flat=False))[1]
         _log(f"{tag} dp with the noise drawn leaf by leaf compiled in {per_leaf_s:.1f} s")
+    trainer_plain_s = None
+    if _TRAINER_PLAIN.value:
+        trainer_plain_s = ds.Bench.compile(*bench_.trainer_plain_step(b))[1]
+        _log(f"{tag} the trainer's non-private step compiled in {trainer_plain_s:.1f} s")
     jax_prng_s = None
     if _JAX_PRNG.value:
         with _generator("jax"):
@@ -137,6 +147,9 @@ def bench(ds, preset: str, devices: int) -> dict:
     if per_leaf_s is not None:
         row["per_leaf_compile_s"] = per_leaf_s
         row["per_leaf_compile_ratio"] = per_leaf_s / compile_s["plain"]
+    if trainer_plain_s is not None:
+        row["trainer_plain_compile_s"] = trainer_plain_s
+        row["trainer_compile_ratio"] = compile_s["dp"] / trainer_plain_s
     if jax_prng_s is not None:
         row["jax_prng_compile_s"] = jax_prng_s
         row["jax_prng_compile_ratio"] = jax_prng_s / compile_s["plain"]
@@ -189,6 +202,9 @@ def line(row: dict) -> str:
          f"time ratio {_x(row['time_ratio'])}; temp {d['temp_mib']:.0f} / {p['temp_mib']:.0f} "
          f"MiB ({_x(row['temp_memory_ratio'])}); largest batch {d['max_batch']} / "
          f"{p['max_batch']}")
+    if "trainer_compile_ratio" in row:
+        s += (f"; the trainer's non-private step {row['trainer_plain_compile_s']:.1f} s (DP / it "
+              f"{_x(row['trainer_compile_ratio'])})")
     if "per_leaf_compile_s" in row:
         s += (f"; DP with the noise leaf by leaf {row['per_leaf_compile_s']:.1f} s "
               f"({_x(row['per_leaf_compile_ratio'])})")
