@@ -114,7 +114,7 @@ def _steps(config: Any) -> tuple[int, int]:
 
 
 def _linear(start, end, steps) -> optax.Schedule:
-    """``optax.linear_schedule(start, end, steps)`` (steps >= 1), for values that may be
+    """``optax.linear_schedule(start, end, steps)`` (steps >= 1), also for values that are
     traced (optax's checks `steps` in Python): the same float32 operations."""
     def schedule(count):
         frac = 1 - jnp.clip(count, 0, steps) / steps
@@ -138,11 +138,7 @@ def make_schedule(config: Any, numbers: jax.Array | None = None) -> optax.Schedu
     if numbers is not None:
         lr, warmup, total = (numbers[SWEPT.index(k)]
                              for k in ("learning_rate", "warmup_steps", "total_steps"))
-        return _warmup_decay(lr, warmup, total)
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, max(warmup, 1)),
-         optax.linear_schedule(lr, 0.0, total - warmup)],
-        boundaries=[warmup])
+    return _warmup_decay(lr, warmup, total)
 
 
 def numbers_argument(config: Any) -> np.ndarray:

@@ -143,15 +143,22 @@ def test_head_learning_rate_scale_multiplies_only_the_head_step(name):
 
 @pytest.mark.parametrize("warmup, total", [(10, 110), (0, 7), (3, 4)])
 def test_schedule_from_the_numbers_argument_is_optax_s(warmup, total):
-    """The same schedule to float32 rounding: with constants XLA turns the division by the
-    number of steps into a multiplication by its reciprocal (an ulp apart at some steps; at
-    and after total_steps optax's gives -1e-11 where the argument's gives exactly 0)."""
+    """The schedule (with constants, or with the numbers as an argument) is optax's
+    join_schedules of two linear schedules, bit for bit with constants, to float32 rounding
+    with the argument: with constants XLA turns the division by the number of steps into a
+    multiplication by its reciprocal (an ulp apart at some steps; at and after total_steps
+    the constants give -1e-11 where the argument gives exactly 0)."""
     config = _config(learning_rate=3e-4, warmup_steps=warmup, total_steps=total)
     counts = jnp.arange(total + 5, dtype=jnp.int32)
-    want = jax.jit(jax.vmap(optimizers.make_schedule(config)))(counts)
+    reference = optax.join_schedules(
+        [optax.linear_schedule(0.0, 3e-4, max(warmup, 1)),
+         optax.linear_schedule(3e-4, 0.0, total - warmup)], boundaries=[warmup])
+    want = np.asarray(jax.jit(jax.vmap(reference))(counts))
+    constant = np.asarray(jax.jit(jax.vmap(optimizers.make_schedule(config)))(counts))
+    np.testing.assert_array_equal(constant, want)
     got = jax.jit(lambda x, c: jax.vmap(optimizers.make_schedule(config, x))(c))(
         optimizers.numbers_argument(config), counts)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-7, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=3e-7, atol=1e-10)
     assert float(got[warmup]) == pytest.approx(3e-4) and np.all(np.asarray(got[total:]) == 0)
 
 
