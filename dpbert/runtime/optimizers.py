@@ -125,9 +125,13 @@ def _linear(start, end, steps) -> optax.Schedule:
 def _warmup_decay(lr, warmup, total) -> optax.Schedule:
     """Linear warmup 0 -> lr over max(warmup, 1) updates, then linear decay to 0 at `total`:
     ``optax.join_schedules`` of two linear schedules, with numbers that may be traced."""
-    up = _linear(0.0, lr, jnp.maximum(warmup, 1))
-    down = _linear(lr, 0.0, total - warmup)
-    return lambda count: jnp.where(count < warmup, up(count), down(count - warmup))
+    def schedule(count):
+        # Built when called, inside the step: building it runs no JAX (the launchers check the
+        # config, which builds one, before jax.distributed.initialize starts the backend).
+        up = _linear(0.0, lr, jnp.maximum(warmup, 1))
+        down = _linear(lr, 0.0, total - warmup)
+        return jnp.where(count < warmup, up(count), down(count - warmup))
+    return schedule
 
 
 def make_schedule(config: Any, numbers: jax.Array | None = None) -> optax.Schedule:

@@ -234,3 +234,22 @@ def test_numbers_argument_checks_the_config():
     np.testing.assert_array_equal(
         optimizers.numbers_argument(_config(head_learning_rate_scale=2.0)),
         np.asarray([1e-3, 10, 100, 0.01, 2.0], np.float32))
+
+
+def test_building_the_optimizer_starts_no_jax_backend():
+    """The launchers check the config (which builds the optimizer) before
+    jax.distributed.initialize, which must come before the backend starts: building the
+    optimizer and its schedule runs no JAX computation (a fresh process, so the check means
+    something)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    code = ("import ml_collections, jax._src.xla_bridge as xb\n"
+            "from dpbert.runtime import optimizers\n"
+            "for name in ('adamw', 'lamb', 'sgd'):\n"
+            "    optimizers.make_optimizer(ml_collections.ConfigDict(dict(name=name,\n"
+            "        learning_rate=1e-3, warmup_steps=3, total_steps=10)), None)\n"
+            "print('started' if xb._backends else 'not started')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "not started"
