@@ -47,6 +47,7 @@ from flax import nnx
 from data_pipelines import datasets, fileio
 from dpbert.dp import plan as plan_lib
 from dpbert.dp import randomness
+from dpbert.dp import trees
 from dpbert.errors import ConfigError
 from dpbert.models import trainable as trainable_lib
 from dpbert.reporting import lineage as lineage_lib
@@ -383,9 +384,6 @@ def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) 
         params, opt_state, dp_state, sums = updater.update(state.dp, state.params,
                                                            state.opt_state, batch, mask,
                                                            noise_stddev, step_optimizer)
-        # Non-finite parameters stop the run before they are saved or exported.
-        sums["params_finite"] = jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)])).astype(jnp.int32)
         return TrainState(params, opt_state, dp_state), sums
 
     announce("compiling the train step ...")
@@ -466,9 +464,16 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
                                 plan.num_steps * plan.calls_per_batch,
                                 buffer_size=max(1, config.data.get("prefetch", 2)))
 
+    # Non-finite parameters stop the run before they are saved or exported.  Checked where the
+    # loop logs or saves, by a program of its own: a parameter that is NaN or inf stays so at
+    # every later step (p - update, elementwise), so the parameters of the last step say
+    # whether any step since the last check made one non-finite.  (Inside the train step the
+    # check was ~130 more kernels for XLA to compile, tiny BERT: issue 32, BENCHMARKS.md.)
+    finite = jax.jit(lambda p: trees.all_finite(p, one_device=mesh.devices.size == 1),
+                     out_shardings=sharding.replicated(mesh))
+
     def check_finite():
-        if totals is not None and int(totals["params_finite"]) < steps_since * \
-                plan.calls_per_batch:
+        if steps_since and not bool(finite(state.params)):
             saver.close()
             newest = ckpt.latest_step()
             kept = (f"The newest checkpoint (step {newest}) is intact." if newest is not None

@@ -221,3 +221,61 @@ def test_sharded_on_8_devices_matches_single_device(setup, axis_type):
             # Sanity check of the HLO parsing: summing over the sharded axis inside
             # the loop does all-reduce every iteration.
             assert _loop_bodies_with_all_reduce(hlo)
+
+
+@pytest.mark.parametrize("one_device", [True, False])
+def test_all_finite_finds_every_non_finite_value(one_device):
+    """Issue 32: the train step's finiteness checks (its parameters, the non-private
+    gradient) in one reduction on one device, one per leaf on a mesh; both must find a NaN,
+    +inf or -inf anywhere, in any float dtype."""
+    tree = {"a": jnp.ones((3, 4)), "b": [jnp.zeros((5,), jnp.bfloat16), jnp.ones((), jnp.float16)],
+            "c": jnp.arange(6, dtype=jnp.int32).reshape(2, 3)}
+    check = jax.jit(lambda t: trees.all_finite(t, one_device=one_device))
+    assert bool(check(tree))
+    leaves, treedef = jax.tree.flatten(tree)
+    for i, leaf in enumerate(leaves):
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            continue
+        for bad in (jnp.nan, jnp.inf, -jnp.inf):
+            spoiled = list(leaves)
+            spoiled[i] = leaf.reshape(-1).at[leaf.size - 1].set(bad).reshape(leaf.shape)
+            assert not bool(check(jax.tree.unflatten(treedef, spoiled))), (i, bad)
+    assert bool(trees.all_finite({}, one_device=one_device))
+
+
+def test_all_finite_on_a_mesh_gathers_nothing():
+    """On a mesh the leaves are checked one by one: their concatenation would gather every
+    sharded leaf onto every device."""
+    mesh = jax.make_mesh((2, 4), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2,
+                         devices=jax.devices()[:8])
+    tree = {"w": jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("fsdp", None))),
+            "v": jax.device_put(jnp.ones((16, 8)), NamedSharding(mesh, P(None, "fsdp")))}
+    check = jax.jit(lambda t, one: trees.all_finite(t, one_device=one), static_argnums=1)
+    assert bool(check(tree, False)) and bool(check(tree, True))
+    assert not bool(check(dict(tree, v=tree["v"].at[3, 5].set(jnp.nan)), False))
+    per_leaf = check.lower(tree, False).compile().as_text()
+    assert not re.search(r"all-gather|all-to-all", per_leaf)
+    # The reason for the branch: the one-device form, run on a mesh, gathers.
+    assert re.search(r"all-gather|all-to-all", check.lower(tree, True).compile().as_text())
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_the_non_private_gradient_flags_a_non_finite_batch(setup, num_shards):
+    """`BatchGradient` (dp.clipping="none") sums the batch gradient unclipped; num_nonfinite is
+    1 when any of it is not finite (the signal to stop the run)."""
+    params, batch, mask = setup
+    clipper = clipping.get_clipper("none").make(math.inf, 4, num_shards, None)
+    loss = clipping.batch_loss(helpers.mlp_loss)
+    grads, metrics, nonfinite = _clipped_sum(clipper, params, batch, mask, loss_fn=loss)
+    assert int(nonfinite) == 0 and float(metrics["count"]) == 13.0
+    ref = jax.grad(lambda p: sum(helpers.mlp_loss(p, jax.tree.map(lambda x: x[i], batch),
+                                                  jax.random.fold_in(KEY, i))[0]
+                                 for i in range(13)))(params)
+    helpers.assert_trees_close(grads, ref, rtol=2e-6)
+    for bad in (jnp.nan, jnp.inf):
+        spoiled = dict(batch, x=batch["x"].at[6, 1].set(bad))
+        assert int(_clipped_sum(clipper, params, spoiled, mask, loss_fn=loss)[2]) == 1, bad
+    # A padding slot's value does not count (under jit XLA turns `losses * mask` into a
+    # select, in the loss and in its gradient: a NaN in a padding slot does not reach either).
+    padded = dict(batch, y=batch["y"].at[14].set(jnp.nan))
+    assert int(_clipped_sum(clipper, params, padded, mask, loss_fn=loss)[2]) == 0
