@@ -100,6 +100,7 @@ _setup_platform()
 import json  # noqa: E402
 import math  # noqa: E402
 import platform as platform_lib  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
@@ -385,6 +386,23 @@ def total_bytes(compiled) -> int:
     m = compiled.memory_analysis()
     return int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
                + m.temp_size_in_bytes)
+
+
+def fusion_counts(compiled) -> dict[str, int]:
+    """The compiled program's fused computations: how many ("fusions") and how many distinct
+    ("distinct_fusions": equal up to value names and metadata).  XLA:CPU compiles one kernel
+    per distinct fused computation, so the distinct count follows the compile's seconds (tiny
+    BERT: non-private 185, DP 267, 1.44x, where the seconds read 1.45x) without their
+    run-to-run spread (+-0.5 s on a 2-core machine): a deterministic figure to compare
+    changes by."""
+    text = compiled.as_text()
+    bodies = {}
+    for m in re.finditer(r"\n%?([\w.\-]+) (\([^\n]*\) -> [^\n]*) \{\n(.*?)\n\}", text, re.S):
+        body = re.sub(r", metadata=\{[^}]*\}", "", m.group(3))
+        bodies[m.group(1)] = re.sub(r"[\w.\-]+: ", ": ", m.group(2)) + re.sub(r"%[\w.\-]+", "%",
+                                                                             body)
+    called = re.findall(r" fusion\([^\n]*calls=%?([\w.\-]+)", text)
+    return {"fusions": len(called), "distinct_fusions": len({bodies[c] for c in called})}
 
 
 def cost(compiled, key: str) -> float:

@@ -1,7 +1,8 @@
 """`dp_step.py --quick`: the non-private and the default DP step only, for a device run.
 
 Per model and device count: each step's compile seconds (and the DP / non-DP ratio, the goal of
-issue 32: <= 1.3x), its time (median of `--rounds` interleaved rounds), its temp memory, and the
+issue 32: <= 1.3x) and its fused computations (`dp_step.fusion_counts`: the distinct ones follow
+the compile's seconds without their spread), its time (median of `--rounds` interleaved rounds), its temp memory, and the
 largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memory_cap_mib`, by a
 short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
 compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
@@ -120,7 +121,7 @@ def bench(ds, preset: str, devices: int) -> dict:
         found = (ds.largest_microbatch(makers[name], search, bench_.devices, cap,
                                        (b, ds.temp_bytes(compiled[name])), _MAX_COMPILES.value)
                  if ds._SEARCH.value else (None, None, 0))
-        row[name] = {"compile_s": compile_s[name],
+        row[name] = {"compile_s": compile_s[name], **ds.fusion_counts(compiled[name]),
                      "temp_mib": ds.temp_bytes(compiled[name]) / MIB,
                      "total_mib": ds.total_bytes(compiled[name]) / MIB,
                      "s": statistics.median(times[name]) if times else None,
@@ -129,6 +130,7 @@ def bench(ds, preset: str, devices: int) -> dict:
     ratio = lambda k: (row["dp"][k] / row["plain"][k]  # noqa: E731
                        if row["dp"][k] and row["plain"][k] else None)
     row["compile_ratio"] = ratio("compile_s")
+    row["distinct_fusions_ratio"] = ratio("distinct_fusions")
     row["temp_memory_ratio"] = ratio("temp_mib")
     row["max_batch_ratio"] = ratio("max_batch")
     row["time_ratio"] = (statistics.median([d / p for d, p in zip(times["dp"], times["plain"])])
@@ -198,7 +200,9 @@ def line(row: dict) -> str:
     p, d = row["plain"], row["dp"]
     s = (f"{row['model']} x{row['devices']} {row['platform']} {row['dtype']} batch "
          f"{row['batch_size']} ({row['clipper']}, {row['generator']}): compile non-DP "
-         f"{p['compile_s']:.1f} s, DP {d['compile_s']:.1f} s ({_x(row['compile_ratio'])}); "
+         f"{p['compile_s']:.1f} s, DP {d['compile_s']:.1f} s ({_x(row['compile_ratio'])}; "
+         f"distinct fusions {p['distinct_fusions']} / {d['distinct_fusions']}, "
+         f"{_x(row['distinct_fusions_ratio'])}); "
          f"time ratio {_x(row['time_ratio'])}; temp {d['temp_mib']:.0f} / {p['temp_mib']:.0f} "
          f"MiB ({_x(row['temp_memory_ratio'])}); largest batch {d['max_batch']} / "
          f"{p['max_batch']}")
