@@ -392,7 +392,7 @@ def fusion_counts(compiled) -> dict[str, int]:
     """The compiled program's fused computations: how many ("fusions") and how many distinct
     ("distinct_fusions": equal up to value names and metadata).  XLA:CPU compiles one kernel
     per distinct fused computation, so the distinct count follows the compile's seconds (tiny
-    BERT: non-private 185, DP 267, 1.44x, where the seconds read 1.45x) without their
+    BERT: non-private 185, DP 267, 1.44x, where `--quick` read 1.49x in seconds) without their
     run-to-run spread (+-0.5 s on a 2-core machine): a deterministic figure to compare
     changes by."""
     text = compiled.as_text()
