@@ -2,12 +2,13 @@
 
 Per model and device count: each step's compile seconds (and the DP / non-DP ratio, the goal of
 issue 32: <= 1.3x) and its fused computations (`dp_step.fusion_counts`: the distinct ones follow
-the compile's seconds without their spread), its time (median of `--rounds` interleaved rounds), its temp memory, and the
-largest microbatch (devices x 2^k, compile only) whose temp memory fits `--memory_cap_mib`, by a
-short search (at most `--quick_max_compiles` compiles per step).  `--quick_per_leaf` also
-compiles the DP step with its noise drawn leaf by leaf (`DPAggregator(noise_flat=False)`, the
-draw before issue 32), `--quick_trainer_plain` the trainer's own non-private step
-(dp.enabled=False; the row's non-private step is a minimal hand-written one), `--quick_jax_prng` the DP step with `jax.random`'s generator
+the compile's seconds without their spread), its time (median of `--rounds` interleaved
+rounds), its temp memory, and the largest microbatch (devices x 2^k, compile only) whose temp
+memory fits `--memory_cap_mib`, by a short search (at most `--quick_max_compiles` compiles per
+step).  `--quick_per_leaf` also compiles the DP step with its noise drawn leaf by leaf
+(`DPAggregator(noise_flat=False)`, the draw before issue 32), `--quick_trainer_plain` the
+trainer's own non-private step (dp.enabled=False; the row's non-private step is a minimal
+hand-written one), `--quick_jax_prng` the DP step with `jax.random`'s generator
 (DPBERT_PRNG=jax), each for the side-by-side compile ratio; `--quick_dp_precision` also
 times the DP step with its clipping's float32 contractions at another precision than HIGHEST
 (a measurement of what HIGHEST costs on a GPU; not private); `--quick_profile_dir` a
