@@ -83,12 +83,12 @@ def all_finite(tree: PyTree, *, one_device: bool) -> jax.Array:
     """bool []: every element of every leaf of `tree` is finite (no NaN, no +-inf).
 
     `one_device` (every leaf on one device): one reduction over the concatenation of the
-    leaves' `isfinite`, which XLA fuses into a single kernel without copying the leaves. One
-    reduction per leaf instead compiles a kernel per distinct leaf shape (issue 32: the train
-    step's check of its parameters, and the non-private gradient's, cost ~1 s of tiny BERT's
-    CPU compile; BENCHMARKS.md). On a mesh the leaves are checked one by one: concatenating
-    differently sharded leaves gathers them (tiny BERT on a 2 x 4 mesh: 45 all-gathers and 8
-    all-to-alls, where the per-leaf check needs one all-reduce)."""
+    leaves' `isfinite`; where the leaves are the program's inputs XLA fuses it into a single
+    kernel without copying them, where one reduction per leaf compiles a kernel per distinct
+    leaf shape (issue 32, tiny BERT: 6 against 29 more distinct kernels; BENCHMARKS.md). On a
+    mesh the leaves are checked one by one: concatenating differently sharded leaves gathers
+    them (tiny BERT on a 2 x 4 mesh: 45 all-gathers and 8 all-to-alls, where the per-leaf check
+    needs one all-reduce)."""
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.asarray(True)

@@ -466,9 +466,9 @@ def _train(task, config, workdir, ckpt, plan, data, state, compiled, operand, ev
 
     # Non-finite parameters stop the run before they are saved or exported.  Checked where the
     # loop logs or saves, by a program of its own: a parameter that is NaN or inf stays so at
-    # every later step (p - update, elementwise), so the parameters of the last step say
+    # every later step (p + update, elementwise), so the parameters of the last step say
     # whether any step since the last check made one non-finite.  (Inside the train step the
-    # check was ~130 more kernels for XLA to compile, tiny BERT: issue 32, BENCHMARKS.md.)
+    # check was 133 of the demo's 793 fusions for XLA to compile: issue 32, BENCHMARKS.md.)
     finite = jax.jit(lambda p: trees.all_finite(p, one_device=mesh.devices.size == 1),
                      out_shardings=sharding.replicated(mesh))
 
