@@ -82,18 +82,20 @@ def trainable_leaves(tree: PyTree, trainable: TrainableFilter,
 def all_finite(tree: PyTree, *, one_device: bool) -> jax.Array:
     """bool []: every element of every leaf of `tree` is finite (no NaN, no +-inf).
 
-    `one_device` (every leaf on one device): one reduction over the concatenation of the
-    leaves' `isfinite`; where the leaves are the program's inputs XLA fuses it into a single
-    kernel without copying them, where one reduction per leaf compiles a kernel per distinct
-    leaf shape (issue 32, tiny BERT: 6 against 29 more distinct kernels; BENCHMARKS.md). On a
-    mesh the leaves are checked one by one: concatenating differently sharded leaves gathers
-    them (tiny BERT on a 2 x 4 mesh: 45 all-gathers and 8 all-to-alls, where the per-leaf check
-    needs one all-reduce)."""
+    `one_device` (every leaf on one device): one reduction over a float32 concatenation of
+    the leaves (float16 / bfloat16 NaN and inf stay so in float32): tiny BERT's parameters in
+    6 fusions, compiled in 0.28 s, against 133 fusions (29 distinct) and 0.85-0.90 s for one
+    reduction per leaf (issue 32; XLA splits a concatenation of the leaves' bool `isfinite`
+    back into the per-leaf form). The concatenation is a copy of the leaves, in temp memory
+    while the check runs. On a mesh the leaves are checked one by one: concatenating
+    differently sharded leaves gathers them (tiny BERT on a 2 x 4 mesh: 45 all-gathers and 8
+    all-to-alls, where the per-leaf check needs one all-reduce)."""
     leaves = jax.tree.leaves(tree)
     if not leaves:
         return jnp.asarray(True)
     if one_device:
-        return jnp.all(jnp.concatenate([jnp.isfinite(x).reshape(-1) for x in leaves]))
+        return jnp.all(jnp.isfinite(jnp.concatenate(
+            [x.reshape(-1).astype(jnp.float32) for x in leaves])))
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 

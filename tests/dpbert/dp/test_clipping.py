@@ -225,9 +225,9 @@ def test_sharded_on_8_devices_matches_single_device(setup, axis_type):
 
 @pytest.mark.parametrize("one_device", [True, False])
 def test_all_finite_finds_every_non_finite_value(one_device):
-    """Issue 32: the train step's finiteness checks (its parameters, the non-private
-    gradient) in one reduction on one device, one per leaf on a mesh; both must find a NaN,
-    +inf or -inf anywhere, in any float dtype."""
+    """Issue 32: the training loop's check of its parameters, one reduction over a float32
+    concatenation on one device, one per leaf on a mesh; both must find a NaN, +inf or -inf
+    anywhere, in any float dtype."""
     tree = {"a": jnp.ones((3, 4)), "b": [jnp.zeros((5,), jnp.bfloat16), jnp.ones((), jnp.float16)],
             "c": jnp.arange(6, dtype=jnp.int32).reshape(2, 3)}
     check = jax.jit(lambda t: trees.all_finite(t, one_device=one_device))
