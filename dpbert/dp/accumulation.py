@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dpbert import prng
 from dpbert.dp import clipping
 from dpbert.dp import noise as noise_lib
 from dpbert.dp import trees
@@ -260,11 +261,11 @@ class DPAggregator:
     def example_key(self, state: DPState) -> jax.Array:
         """Key of the current logical batch's examples (example at position p:
         fold_in(., p), p = micro_step * physical_batch_size + slot)."""
-        return jax.random.fold_in(jax.random.fold_in(state.rng, _EXAMPLE_STREAM), state.step)
+        return prng.fold_in(prng.fold_in(state.rng, _EXAMPLE_STREAM), state.step)
 
     def noise_key(self, state: DPState) -> jax.Array:
         """Key of the noise of logical step `state.step` (leaf i: fold_in(., i))."""
-        return jax.random.fold_in(state.noise_key, state.step)
+        return prng.fold_in(state.noise_key, state.step)
 
     def noisy_gradient(self, state: DPState, clipped_sum: PyTree,
                        noise_stddev: jax.Array | None = None) -> PyTree:
