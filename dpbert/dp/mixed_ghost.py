@@ -22,12 +22,7 @@ backward pass per microbatch, without the per-example gradients of:
 
 Everything else (biases, LayerNorm, the segment table, the MLM output bias, and dense kernels
 for which the direct form is chosen) is differentiated per example by vmap, as in
-`VmapClipper`; these gradients are small.  On one device they are clipped and summed as one
-float32 vector per example (their concatenation; `direct_flat`): one norm, clip and sum kernel
-for all of them where leaf by leaf XLA:CPU compiles about three per distinct shape (XLA:CPU does
-not fuse the clip into a sum over the batch axis), and the summed vector is split back with
-`dpbert.dp.trees.split_flat` (tiny BERT's DP step: 256 -> 237 distinct fused computations,
-issue 32).  On a mesh they stay leaf by leaf, each laid out like its parameter.
+`VmapClipper`; these gradients are small.
 
 How a and g are obtained.  The per-example loss is run with every dense layer tapped
 (`dpbert.models.bert.DenseTap`): a zero "probe" is added to the output of each Gram-form layer,
@@ -151,9 +146,6 @@ class MixedGhostClipper:
       dense_norm: per layer, `use_gram`'s rule: "auto" (= "flops": Gram form when
         T (I + O) < I O), "bu" (when 2 T^2 < I O), "gram" (every dense kernel), or "direct"
         (no dense kernel: per-example gradients by vmap).
-      direct_flat: clip and sum the directly differentiated leaves as one concatenated vector
-        per example (module doc); None: when num_shards == 1 (one device).  The same sums
-        either way, up to float32 rounding (the norm's summation order).
 
     The loss must be a `TappedLoss` (`dpbert.models.losses.make_factored_pretraining_loss`).
     """
@@ -163,7 +155,6 @@ class MixedGhostClipper:
     num_shards: int = 1
     trainable: trees.TrainableFilter = None
     dense_norm: str = "auto"
-    direct_flat: bool | None = None
 
     def __post_init__(self):
         self._vmap()  # validates the shared fields
@@ -173,10 +164,6 @@ class MixedGhostClipper:
     def _vmap(self) -> clipping.VmapClipper:
         return clipping.VmapClipper(self.clip_norm, self.microbatch_size, self.num_shards,
                                     self.trainable)
-
-    def flat(self) -> bool:
-        """Whether the directly differentiated leaves are clipped and summed as one vector."""
-        return self.num_shards == 1 if self.direct_flat is None else self.direct_flat
 
     def layout(self, batch_size: int) -> tuple[int, int, int]:
         """See `VmapClipper.layout`."""
@@ -248,8 +235,7 @@ class MixedGhostClipper:
             examples' positions in the logical batch (RNG key fold_in(key, p)).
 
         Returns a dict of (all zero where an example is dropped):
-          direct: list (plan.direct order) of float32 [k, *leaf], clipped; with `flat()`
-            one float32 [k, sum of their sizes] (the leaves concatenated, row-major).
+          direct: list (plan.direct order) of float32 [k, *leaf], clipped.
           ids: int [k, S] looked-up rows of E, or None (dχ token_rep input).
           xbar: float32 [k, S, H] clipped input-vector gradients, or None (unused).
           d, f: float32 [k, P, V] clipped logit gradients and [k, P, H] decoder inputs
@@ -265,7 +251,6 @@ class MixedGhostClipper:
         leaves = plan.leaves
         table = leaves[plan.table_leaf]
         direct_leaves = [leaves[i] for i in plan.direct]
-        flat = self.flat()
         need_xbar = plan.table is not None or plan.position is not None
 
         def merge(direct: list[jax.Array]) -> PyTree:
@@ -288,8 +273,6 @@ class MixedGhostClipper:
                 jax.value_and_grad(f, argnums=(0, 1, 2, 3), has_aux=True)(
                     direct_leaves, x, probe, probes))
             g_direct = [g.astype(jnp.float32) for g in g_direct]
-            if flat and g_direct:  # one vector: one norm, clip and sum kernel, not one per shape
-                g_direct = [jnp.concatenate([g.reshape(-1) for g in g_direct])]
             # a and g are kept in the layer's compute dtype (half the memory in bfloat16).
             g_dense = {n: g.astype(inputs[n].dtype) for n, g in g_dense.items()}
             # The norm and the sum must see the same numbers.  Without the barrier XLA may
@@ -362,11 +345,8 @@ class MixedGhostClipper:
         total = clipping.scan_microbatches(chunk_sums, batch, mask, first_position,
                                            (s, per_shard))
         out = [jnp.zeros_like(x, jnp.float32) for x in leaves]
-        direct = [g.sum(0) for g in total["direct"]]
-        if self.flat() and direct:
-            direct = trees.split_flat(direct[0], [leaves[i].shape for i in plan.direct])
-        for i, g in zip(plan.direct, direct):
-            out[i] = g
+        for i, g in zip(plan.direct, total["direct"]):
+            out[i] = g.sum(0)
         if plan.table is not None:
             out[plan.table] = total["table"].sum(0)
         if plan.position is not None:

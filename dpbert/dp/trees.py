@@ -8,8 +8,6 @@ trailing ``.value`` attribute of each `nnx.Param` is dropped.
 
 from __future__ import annotations
 
-import itertools
-import math
 from typing import Any, Callable, Union
 
 import jax
@@ -99,33 +97,6 @@ def all_finite(tree: PyTree, *, one_device: bool) -> jax.Array:
         return jnp.all(jnp.isfinite(jnp.concatenate(
             [x.reshape(-1).astype(jnp.float32) for x in leaves])))
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-
-
-def split_flat(flat: jax.Array, shapes: list[tuple[int, ...]]) -> list[jax.Array]:
-    """The arrays of `shapes` laid end to end in the 1-D `flat` (row-major), as dynamic slices
-    at offsets XLA cannot see.
-
-    A static slice puts its offset, a constant, into the code of every fusion that consumes
-    it, so the consumers of two pieces of one shape (their noise, the optimizer's update)
-    become two kernels; with the offsets hidden they are one fused computation, compiled once
-    (XLA:CPU shares the kernel of identical fusions; issue 32, the DP step's compile time).
-    The offsets ride through a two-trip loop, each plus a zero XLA cannot prove zero (an
-    optimization barrier alone is folded away with its constant operand), the trick of
-    `dpbert.prng.standard_normal_segments`.  Values: exactly the static slices."""
-    sizes = [math.prod(s) for s in shapes]
-    if sum(sizes) != flat.shape[0] or flat.ndim != 1:
-        raise ValueError(f"split_flat: shapes of {sum(sizes)} elements for an array of shape "
-                         f"{flat.shape}")
-    starts = [int(x) for x in itertools.accumulate([0] + sizes[:-1])]
-
-    def body(carry, i):
-        zero = jax.lax.optimization_barrier((i < 0).astype(jnp.int32))  # i >= 0 always
-        return tuple(c + zero for c in carry), None
-
-    hidden, _ = jax.lax.scan(body, tuple(jnp.int32(x) for x in starts),
-                             jnp.arange(2, dtype=jnp.int32))
-    return [jax.lax.dynamic_slice_in_dim(flat, start, n, allow_negative_indices=False)
-            .reshape(shape) for start, n, shape in zip(hidden, sizes, shapes)]
 
 
 def freeze_paths_containing(*names: str) -> Callable[[tuple[str, ...], Any], bool]:

@@ -259,23 +259,6 @@ def test_all_finite_on_a_mesh_gathers_nothing():
     assert re.search(r"all-gather|all-to-all", check.lower(tree, True).compile().as_text())
 
 
-def test_split_flat_gives_the_static_slices():
-    """`trees.split_flat` (issue 32: consumers of same-shape pieces compile once): the pieces
-    are exactly the row-major static slices, also for an empty piece, under jit."""
-    shapes = [(2, 3), (4,), (0,), (3, 2), ()]
-    flat = jnp.arange(17, dtype=jnp.float32) * 1.5 - 3.0
-    got = jax.jit(lambda x: trees.split_flat(x, shapes))(flat)
-    start = 0
-    for piece, shape in zip(got, shapes):
-        n = math.prod(shape)
-        assert piece.shape == shape
-        np.testing.assert_array_equal(np.asarray(piece),
-                                      np.asarray(flat[start:start + n]).reshape(shape))
-        start += n
-    with pytest.raises(ValueError, match="shapes of 16 elements for an array of shape"):
-        trees.split_flat(flat, [(4, 4)])
-
-
 @pytest.mark.parametrize("num_shards", [1, 2])
 def test_the_non_private_gradient_flags_a_non_finite_batch(setup, num_shards):
     """`BatchGradient` (dp.clipping="none") sums the batch gradient unclipped; num_nonfinite is
