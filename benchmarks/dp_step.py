@@ -391,10 +391,12 @@ def total_bytes(compiled) -> int:
 def fusion_counts(compiled) -> dict[str, int]:
     """The compiled program's fused computations: how many ("fusions") and how many distinct
     ("distinct_fusions": equal up to value names and metadata).  XLA:CPU compiles one kernel
-    per distinct fused computation, so the distinct count follows the compile's seconds (tiny
-    BERT: non-private 185, DP 267, 1.44x, where `--quick` read 1.49x in seconds) without their
-    run-to-run spread (+-0.5 s on a 2-core machine): a deterministic figure to compare
-    changes by."""
+    per distinct fused computation, so the distinct count is a deterministic proxy for the
+    compile's seconds (tiny BERT: non-private 185, DP 267, 1.44x, where `--quick` read 1.49x in
+    seconds), which vary by +-0.5 s from run to run on a 2-core machine.  Only a proxy: kernels
+    differ in size (in XLA's LLVM log the small ones cost ~4-6 ms each, the largest 150-270 ms),
+    so fewer distinct kernels need not mean fewer seconds (issue 32, 2026-12-02: a change that
+    removed 19 small ones showed no gain by the clock; BENCHMARKS.md)."""
     text = compiled.as_text()
     bodies = {}
     for m in re.finditer(r"\n%?([\w.\-]+) (\([^\n]*\) -> [^\n]*) \{\n(.*?)\n\}", text, re.S):
