@@ -14,9 +14,10 @@ that the program holds one copy of the generator, not one per leaf (the DP step'
 `fold_in` is ``jax.random.fold_in`` over an array of data, bit for bit, as one elementwise
 fusion (the DP step's per-leaf and per-example keys).  `shapes_only` turns dropout off for an
 abstract run that needs only shapes.
-The environment variable DPBERT_PRNG picks the generator (`generator`): "unrolled" (the
-default), "kernel" (the same draws, each threefry block JAX's own primitive: on a GPU its
-precompiled kernel, for compile time) or "jax" (every draw to ``jax.random`` itself).
+The environment variable DPBERT_PRNG picks the generator (`generator`): "auto" (the default:
+"kernel" in a process with one GPU, else "unrolled"), "unrolled", "kernel" (each threefry block
+JAX's own primitive, with JAX's switch to its precompiled GPU kernel on: a third to a half less
+GPU compile time) or "jax" (every draw to ``jax.random`` itself).  All give the same bits.
 
 `Dropout` is ``flax.nnx.Dropout`` with its mask taken from `random_bits`: the same mask, the
 same output and gradient, bit for bit, for the same key (tested), in less time (BERT mini's
@@ -40,23 +41,19 @@ from flax.nnx.module import first_from
 
 # The environment variable that picks the generator (`generator`), and its values.
 GENERATOR_ENV = "DPBERT_PRNG"
-GENERATORS = ("unrolled", "kernel", "jax")
+GENERATORS = ("auto", "unrolled", "kernel", "jax")
 # JAX's switch that lowers its threefry primitive to a precompiled kernel on GPUs ("kernel").
 _KERNEL_LOWERING = "jax_threefry_gpu_kernel_lowering"
+# jaxlib's CUDA threefry kernel (the XLA FFI target JAX's switch lowers threefry to on a GPU).
+CUDA_KERNEL_TARGET = "cu_threefry2x32_ffi"
 # Threefry-2x32 rotations (Salmon et al. 2011, as in jax.random).
 _ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 
 
 def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
                   ) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32, 20 rounds, unrolled: the block function of JAX's threefry PRNG.
-
-    Written with `jax.lax` ops on uint32 (jnp's operators each go through a jitted wrapper:
-    the DP step traces this once per dropout layer under vmap and autodiff, where that
-    overhead was a visible part of its compile time)."""
-    def u32(v):
-        return jax.lax.full((), v, jnp.uint32)
-
+    """Threefry-2x32, 20 rounds: the block function of JAX's threefry PRNG, by the generator
+    `generator` picks (the unrolled arithmetic, or JAX's primitive)."""
     k0, k1, x0, x1 = (jnp.asarray(v, jnp.uint32) for v in (k0, k1, x0, x1))
     if generator() == "kernel":  # JAX's primitive: the same function, lowered per backend
         # Its lowerings want four operands of one shape, also under vmap (where a key may be
@@ -64,6 +61,19 @@ def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
         # shape and batch axes.
         zero = (k0 ^ k0) + (k1 ^ k1) + (x0 ^ x0) + (x1 ^ x1)
         return tuple(jax.extend.random.threefry2x32_p.bind(*(v + zero for v in (k0, k1, x0, x1))))
+    return _threefry2x32_unrolled(k0, k1, x0, x1)
+
+
+def _threefry2x32_unrolled(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array
+                           ) -> tuple[jax.Array, jax.Array]:
+    """The 20 rounds unrolled, as uint32 arithmetic.
+
+    Written with `jax.lax` ops on uint32 (jnp's operators each go through a jitted wrapper:
+    the DP step traces this once per dropout layer under vmap and autodiff, where that
+    overhead was a visible part of its compile time)."""
+    def u32(v):
+        return jax.lax.full((), v, jnp.uint32)
+
     ks = (k0, k1, jax.lax.bitwise_xor(jax.lax.bitwise_xor(k0, k1), u32(0x1BD11BDA)))
     x0, x1 = jax.lax.add(x0, ks[0]), jax.lax.add(x1, ks[1])
     for r in range(20):
@@ -95,24 +105,37 @@ def _flat_index(shape: tuple[int, ...], sharding: jax.sharding.Sharding | None) 
 
 
 def generator() -> str:
-    """"unrolled" (the default), "kernel" or "jax": the environment variable DPBERT_PRNG, read
-    when a function is traced.  All three give the same bits.
+    """The generator in use: "unrolled", "kernel" or "jax" -- the environment variable
+    DPBERT_PRNG ("auto", the default, resolves to "kernel" in a process with one GPU and to
+    "unrolled" elsewhere), read when a function is traced.  All give the same bits.
     - "unrolled": threefry written out as arithmetic that XLA fuses with what consumes the bits
-      (on the CPU ~3x faster than JAX's rolled loop).  On a GPU that fusion is what the DP
-      step's compile pays for the noise (BERT-base on an H200: 60 s against 26 s at sigma 0).
+      (on the CPU ~3x faster than JAX's rolled loop).  On a GPU every such fusion is code for
+      XLA to compile (BERT-base on an H200: the DP step 60 s, 26 s at sigma 0).
     - "kernel": the same draws and layout (one flat noise draw), but each threefry block is
-      JAX's `threefry2x32_p`, with JAX's `jax_threefry_gpu_kernel_lowering` turned on (here, for
-      the process): on a GPU a precompiled CUDA kernel, no fusion to compile, the bits
-      materialised once; on the CPU JAX's rolled loop (slower; for checks).  Untested on
-      partitioned (multi-device) programs: the kernel is a custom call XLA cannot split.
+      JAX's `threefry2x32_p`, with JAX's switch `jax_threefry_gpu_kernel_lowering` turned on
+      for the process: on a GPU jaxlib's precompiled CUDA kernel (`CUDA_KERNEL_TARGET`) for
+      dpbert's draws and for JAX's own threefry (flax's dropout keys), nothing for XLA to
+      compile, the bits materialised; on the CPU JAX's rolled loop (slower; for checks).
+      Compiled for one H100 without a GPU (`benchmarks/compile_fresh.py --target=h100`),
+      BERT-base's non-private step in 28 s against 52 s unrolled, its DP step in 46 s against
+      69 s (BENCHMARKS.md, issue 32).  Not chosen by "auto" on several devices: XLA cannot
+      partition the kernel's custom call.
     - "jax": every draw of this module goes to ``jax.random`` itself, leaf by leaf (a check, or
       a comparison of speed and compile time)."""
-    value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "unrolled"
+    value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "auto"
     if value not in GENERATORS:
         raise ValueError(f"{GENERATOR_ENV}={value!r}: expected one of {', '.join(GENERATORS)}")
+    if value == "auto":
+        value = "kernel" if _one_gpu() else "unrolled"
     if value == "kernel" and not getattr(jax.config, _KERNEL_LOWERING):
         jax.config.update(_KERNEL_LOWERING, True)
     return value
+
+
+def _one_gpu() -> bool:
+    """Whether this process's devices are one GPU ("auto" takes the kernel there). Asked when
+    a function is traced, after a launcher started JAX's backends (jax.distributed first)."""
+    return jax.default_backend() == "gpu" and jax.device_count() == 1
 
 
 if os.environ.get(GENERATOR_ENV, "").strip().lower() == "kernel":

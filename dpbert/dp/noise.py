@@ -41,9 +41,10 @@ choice on one device) all leaves' noise comes from one loop, `prng.standard_norm
 the same values, one copy of the generator (issue 32; BENCHMARKS.md).  It hands the leaves of
 one shape their noise at offsets XLA cannot fold, so their consumers (the add, the optimizer)
 stay one fused computation that XLA:CPU compiles once, as in the non-private step; the leaves'
-keys come from `prng.fold_in`, one elementwise fusion.  ``DPBERT_PRNG=jax`` sends every draw
-to ``jax.random`` (`prng.generator`); ``DPBERT_PRNG=kernel`` keeps the flat draw with JAX's
-threefry primitive in each block (on a GPU its precompiled kernel).
+keys come from `prng.fold_in`, one elementwise fusion.  In a process with one GPU each block of
+the draw is JAX's threefry primitive, lowered to jaxlib's CUDA kernel (`prng.generator`: "auto",
+the default, is "kernel" there; on a GPU the unrolled rounds are code for XLA to compile).
+``DPBERT_PRNG=jax`` sends every draw to ``jax.random``.
 
 Memory: `add_noise` makes the key wait for the clipped sum (`_after`, an identity on the
 key's bits), so XLA draws the noise after the backward pass instead of holding the draw's

@@ -45,6 +45,7 @@ from absl import logging
 from flax import nnx
 
 from data_pipelines import datasets, fileio
+from dpbert import prng
 from dpbert.dp import plan as plan_lib
 from dpbert.dp import randomness
 from dpbert.dp import trees
@@ -211,6 +212,7 @@ class _DamagedCheckpoint(Exception):
 
 
 def _run(task: Task, config, workdir: pathlib.Path, devices, damaged: set[int]) -> dict:
+    prng.generator()  # DPBERT_PRNG resolved (one GPU: JAX's threefry kernel) before any trace
     config_dict = config.to_dict()
     signature = checkpointing.run_signature(config_dict)
     ckpt = checkpointing.Checkpointer(workdir / "checkpoints",

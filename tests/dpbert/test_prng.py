@@ -1,5 +1,7 @@
 """dpbert.prng: the unrolled threefry gives jax.random's bits, and its Dropout nnx.Dropout's."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -212,6 +214,43 @@ def test_the_kernel_generator_draws_the_same_bits_through_jax_s_primitive(kernel
 
 def test_a_generator_the_module_does_not_know_is_refused(monkeypatch):
     monkeypatch.setenv(prng.GENERATOR_ENV, "philox")
-    with pytest.raises(ValueError, match="DPBERT_PRNG='philox': expected one of unrolled, "
+    with pytest.raises(ValueError, match="DPBERT_PRNG=.philox.: expected one of auto, unrolled, "
                                          "kernel, jax"):
         prng.generator()
+
+
+def test_auto_is_the_kernel_on_one_gpu_and_the_unrolled_rounds_elsewhere(monkeypatch,
+                                                                          kernel_generator):
+    """DPBERT_PRNG=auto (the default): here (CPU) the unrolled generator, JAX's switch left off;
+    in a process with one GPU "kernel": a program for the GPU draws dpbert's bits and JAX's own
+    threefry (flax's dropout keys) with jaxlib's CUDA kernel, the same bits (here through the
+    primitive's CPU lowering)."""
+    monkeypatch.delenv(prng.GENERATOR_ENV)
+    jax.config.update("jax_threefry_gpu_kernel_lowering", False)
+    key = jax.random.key(3)
+
+    def step():  # a new function each time: JAX caches a function's trace
+        return jax.jit(lambda k: (prng.random_bits(k, (4, 9)), prng.bernoulli(k, 0.3, (7,)),
+                                  jax.random.key_data(jax.random.fold_in(k, 5))))
+
+    def lowered(platform):
+        return step().trace(key).lower(lowering_platforms=(platform,)).as_text()
+
+    assert prng.generator() == "unrolled"
+    assert not jax.config.jax_threefry_gpu_kernel_lowering
+    assert prng.CUDA_KERNEL_TARGET not in lowered("cuda")
+    unrolled = _program(step().lower(key).compile())
+    monkeypatch.setattr(prng, "_one_gpu", lambda: True)
+    assert prng.generator() == "kernel" and jax.config.jax_threefry_gpu_kernel_lowering
+    assert lowered("cuda").count(prng.CUDA_KERNEL_TARGET) == 3
+    assert _program(step().lower(key).compile()) != unrolled  # JAX's rolled loop on the CPU
+    for got, want in zip(step()(key), (jax.random.bits(key, (4, 9), jnp.uint32),
+                                       jax.random.bernoulli(key, 0.3, (7,)),
+                                       jax.random.key_data(jax.random.fold_in(key, 5)))):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def _program(compiled) -> str:
+    """A compiled program's computations without their metadata (source names, lines)."""
+    text = compiled.as_text()
+    return re.sub(r", metadata=\{[^}]*\}", "", text[text.index("\n%"):])

@@ -270,13 +270,14 @@ def test_fast_threefry_normal_sharded_over_8_devices_is_the_same_draw():
 
 
 @pytest.mark.parametrize("trainable", [None, {"a": True, "b": False, "c": True, "d": True}])
-@pytest.mark.parametrize("generator", ["unrolled", "kernel", "jax"])
+@pytest.mark.parametrize("generator", ["auto", "unrolled", "kernel", "jax"])
 def test_one_flat_draw_and_every_generator_give_the_same_noise_bit_for_bit(
         trainable, generator, monkeypatch, request):
     """`flat` (one draw for all leaves, `prng.standard_normal_segments`) and the leaf-by-leaf
-    draw, with the unrolled generator, JAX's threefry primitive or jax.random (DPBERT_PRNG),
-    draw the same noise, that of ``jax.random.normal(fold_in(key, i), leaf.shape)`` on leaf i,
-    and the same noisy sum as the default (leaf by leaf, unrolled)."""
+    draw, with the default generator (here the unrolled one), the unrolled generator, JAX's
+    threefry primitive or jax.random (DPBERT_PRNG), draw the same noise, that of
+    ``jax.random.normal(fold_in(key, i), leaf.shape)`` on leaf i, and the same noisy sum as the
+    default leaf by leaf."""
     lowering = jax.config.jax_threefry_gpu_kernel_lowering  # "kernel" turns it on
     request.addfinalizer(lambda: jax.config.update("jax_threefry_gpu_kernel_lowering", lowering))
     tree = {"a": jnp.zeros((5, 7)), "b": jnp.zeros((3,)), "c": jnp.ones(()),
