@@ -13,7 +13,8 @@ hand-written one), `--quick_jax_prng` the DP step with `jax.random`'s generator
 times the DP step with its clipping's float32 contractions at another precision than HIGHEST
 (a measurement of what HIGHEST costs on a GPU; not private); `--quick_profile_dir` a
 `jax.profiler` trace of one more run of each step.  Which generator ran
-(`dpbert.prng.generator`, DPBERT_PRNG) and the library versions go into the row.
+(`dpbert.prng.generator`, DPBERT_PRNG), whether the DP step holds jaxlib's CUDA threefry
+kernel (`cuda_threefry_kernel`) and the library versions go into the row.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def bench(ds, preset: str, devices: int) -> dict:
            "device_kind": jax.devices()[0].device_kind, "batch_size": b,
            "seq_len": ds._SEQ.value, "dtype": ds._DTYPE.value, "task": ds._TASK.value,
            "clipper": clipper, "generator": prng.generator(),
+           "cuda_threefry_kernel": prng.CUDA_KERNEL_TARGET in compiled["dp"].as_text(),
            "noise_flat": bool(bench_.aggregator(clipper).noise_flat),
            "memory_cap_mib": cap / MIB, "versions": versions()}
     for name in ("plain", "dp"):

@@ -6,6 +6,7 @@ and MiniLM packed to travel.
     python benchmarks/accelerator/collect.py demo WORKDIR LOG    > demo.json
     python benchmarks/accelerator/collect.py finetune WORKDIR    > run.json
     python benchmarks/accelerator/collect.py combine PARTS_DIR   > $OUT/speed.json
+    python benchmarks/accelerator/collect.py prng                > prng.json (rc 1: bits differ)
     python benchmarks/accelerator/collect.py minilm_pack DEST    # float16 copy (fetch_wheels.sh)
     python benchmarks/accelerator/collect.py minilm_unpack SRC DEST   # back to float32 (device)
     python benchmarks/accelerator/collect.py tiny_minilm DEST    # --smoke's stand-in for MiniLM
@@ -169,6 +170,41 @@ def combine(parts_dir: str) -> dict:
     return out
 
 
+def prng_check() -> dict:
+    """dpbert.prng's generator on this machine's first device (DPBERT_PRNG, default "auto": on
+    one NVIDIA GPU jaxlib's CUDA threefry kernel): whether the kernel is in the compiled
+    program, and whether its bits, dropout masks, normals and folded keys are jax.random's
+    (the CPU tests cannot run the kernel)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dpbert import prng
+
+    key = jax.random.key(2026)
+    keys = jax.random.split(key, 4)
+
+    def ours(k, ks):
+        return (prng.random_bits(k, (3, 1000)), prng.bernoulli(k, 0.9, (7, 129)),
+                prng.standard_normal(k, (4099,)),
+                jax.random.key_data(prng.fold_in(k, jnp.arange(5))),
+                jax.vmap(lambda k: prng.bernoulli(k, 0.8, (9, 11)))(ks))
+
+    def theirs(k, ks):
+        return (jax.random.bits(k, (3, 1000), jnp.uint32), jax.random.bernoulli(k, 0.9, (7, 129)),
+                jax.random.normal(k, (4099,)),
+                jax.random.key_data(jax.vmap(lambda d: jax.random.fold_in(k, d))(jnp.arange(5))),
+                jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, (9, 11)))(ks))
+
+    compiled = jax.jit(ours).lower(key, keys).compile()
+    same = [bool(np.array_equal(np.asarray(a), np.asarray(b)))
+            for a, b in zip(compiled(key, keys), jax.jit(theirs)(key, keys))]
+    return {"generator": prng.generator(), "platform": jax.devices()[0].platform,
+            "devices": jax.device_count(),
+            "cuda_kernel_in_program": prng.CUDA_KERNEL_TARGET in compiled.as_text(),
+            "same_bits": same}
+
+
 if __name__ == "__main__":
     what = sys.argv[1]
     if what == "versions":
@@ -183,6 +219,10 @@ if __name__ == "__main__":
         minilm_unpack(sys.argv[2], sys.argv[3])
     elif what == "tiny_minilm":
         tiny_minilm(sys.argv[2])
+    elif what == "prng":
+        check = prng_check()
+        print(json.dumps(check))
+        sys.exit(0 if all(check["same_bits"]) else 1)
     elif what == "combine":
         print(json.dumps(combine(sys.argv[2]), indent=1))
     else:

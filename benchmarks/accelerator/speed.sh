@@ -13,9 +13,10 @@
 # Parts, most wanted first: versions; BERT-base seq 128, batch 32, fp32: non-private and DP
 # step (dp_step.py --quick: time, compile seconds, temp memory; the DP step also with its
 # clipping's contractions at the default precision, TF32; a jax.profiler trace of each step,
-# $OUT/profile_dp_fp32.trace.json.gz); the same two steps
-# with DPBERT_PRNG=kernel (JAX's threefry primitive, lowered to its precompiled GPU kernel: the
-# noise's share of the compile); Opacus (hooks, ghost
+# $OUT/profile_dp_fp32.trace.json.gz); dpbert.prng's default generator on the GPU checked
+# against jax.random (on one GPU jaxlib's CUDA threefry kernel: the bits must be the same); the
+# same two steps with DPBERT_PRNG=unrolled (the unrolled threefry, the GPU's default before
+# 2026-12-02: what the kernel saves in compile seconds and costs in step time); Opacus (hooks, ghost
 # clipping) and PyTorch, same shapes, fp32 + TF32; the same dpbert steps in bf16; the demo's
 # examples/s and its second start from the compilation cache; the largest batch of both steps
 # (a compile-only search) and both steps timed there (fp32); the DP step's compile seconds
@@ -65,8 +66,9 @@ part dp_fp32 240 $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 --microbatch_
 # Chrome-format file alone (the kernels of each step, "step NAME" annotations), next to the JSON.
 TRACE=$(find "$WORK/profile_dp_fp32" -name "*.trace.json.gz" 2>/dev/null | head -1)
 [ -n "$TRACE" ] && mv "$TRACE" "$OUT/profile_dp_fp32.trace.json.gz"
-part kernel_fp32 150 env DPBERT_PRNG=kernel $PY "${QUICK[@]}" --batch_size=$B --dtype=float32 \
-  --microbatch_search=false
+part prng 60 $PY benchmarks/accelerator/collect.py prng
+part unrolled_fp32 150 env DPBERT_PRNG=unrolled $PY "${QUICK[@]}" --batch_size=$B \
+  --dtype=float32 --microbatch_search=false
 # Why the noise costs compile time: XLA's compile timers (gpu_compiler / nvptx_compiler on a
 # GPU, cpu_compiler in a smoke) and its optimized HLO of the non-private and DP steps,
 # compiled only (~100 s on an H200), packed into $OUT/xla_dump_fp32.tgz (modules over 100 KB).
