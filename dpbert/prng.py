@@ -118,8 +118,8 @@ def generator() -> str:
       compile, the bits materialised; on the CPU JAX's rolled loop (slower; for checks).
       Compiled for one H100 without a GPU (`benchmarks/compile_fresh.py --target=h100`),
       BERT-base's non-private step in 28 s against 52 s unrolled, its DP step in 46 s against
-      69 s (BENCHMARKS.md, issue 32).  Not chosen by "auto" on several devices: XLA cannot
-      partition the kernel's custom call.
+      69 s (BENCHMARKS.md, issue 32).  Not chosen by "auto" on several devices: the kernel is
+      a custom call with no partitioning rule (how XLA shards it is unchecked).
     - "jax": every draw of this module goes to ``jax.random`` itself, leaf by leaf (a check, or
       a comparison of speed and compile time)."""
     value = os.environ.get(GENERATOR_ENV, "").strip().lower() or "auto"
