@@ -44,6 +44,8 @@ TEST_REQUIRES = [
     "pytest>=8,<10",
     # Two test workers (pytest.ini): the suite's wall time on 2 cores (21 -> 15 min).
     "pytest-xdist>=3.5,<4",
+    # A stuck test prints its stacks and fails instead of holding the run (pytest.ini).
+    "pytest-timeout>=2.3,<3",
     # transformers is the client that must load our exports.
     *HF_REQUIRES,
     # The reference implementation the entity-level F1 of data_pipelines.ner_metrics is tested against.
