@@ -294,9 +294,12 @@ def standard_normal_segments(key_words: jax.Array, sizes: tuple[int, ...],
         return scale * _normal_from_unit(unit_float(b0 ^ b1))
 
     first = np.cumsum([0] + rows)
-    # A segment whose size another segment shares gets its first row as a value XLA cannot
-    # see (below); the others are sliced at their constant offsets.
-    shared = [j for j, n in enumerate(sizes) if sizes.count(n) > 1]
+    # On the CPU a segment whose size another segment shares gets its first row as a value
+    # XLA cannot see (below); the others are sliced at their constant offsets.  On one GPU
+    # (`_one_gpu`; the flat draw runs on one device) every segment is sliced at its constant
+    # offset: there each carried offset was a kernel of its own on every trip of the loop
+    # (BERT-base: 202 scalar adds a trip, 16 trips a step).
+    shared = [] if _one_gpu() else [j for j, n in enumerate(sizes) if sizes.count(n) > 1]
 
     def body(starts, i):
         # The shared segments' first rows ride through the loop, plus a zero XLA cannot

@@ -319,11 +319,19 @@ def test_the_flat_draw_is_one_copy_of_the_generator():
     assert rotations(True) * 4 < rotations(False)
 
 
+@pytest.mark.parametrize("one_gpu", [False, True])
 @pytest.mark.parametrize("sizes", [(1, 0, 3000, 17), (17, 3000, 17, 1, 3000, 17)])
-def test_the_segments_are_jax_random_normal_of_their_keys(sizes):
+def test_the_segments_are_jax_random_normal_of_their_keys(sizes, one_gpu, monkeypatch):
     """Segments of a size no other has (sliced at constant offsets) and of shared sizes (sliced
-    at offsets carried through the loop) alike."""
+    at offsets carried through the loop; on one GPU at constant offsets, the loop carrying
+    nothing) alike."""
+    monkeypatch.setenv(prng.GENERATOR_ENV, "unrolled")  # the layout alone follows `_one_gpu`
+    monkeypatch.setattr(prng, "_one_gpu", lambda: one_gpu)
     keys = jax.random.split(jax.random.PRNGKey(3), len(sizes))
+    draw = lambda k: prng.standard_normal_segments(k, sizes, loops=3)  # noqa: E731
+    (scan,) = [e for e in jax.make_jaxpr(draw)(keys).eqns if e.primitive.name == "scan"]
+    shared = sum(sizes.count(n) > 1 for n in sizes)
+    assert scan.params["num_carry"] == (0 if one_gpu else shared)
     for loops in (1, 3, 16):
         got = jax.jit(lambda k: prng.standard_normal_segments(k, sizes, loops=loops))(keys)
         for k, n, g in zip(keys, sizes, got):
