@@ -174,7 +174,8 @@ def prng_check() -> dict:
     """dpbert.prng's generator on this machine's first device (DPBERT_PRNG, default "auto": on
     one NVIDIA GPU jaxlib's CUDA threefry kernel): whether the kernel is in the compiled
     program, and whether its bits, dropout masks, normals and folded keys are jax.random's
-    (the CPU tests cannot run the kernel)."""
+    (the CPU tests cannot run the kernel), and whether the DP noise's flat draw (segments of
+    shared sizes: on one GPU sliced at constant offsets) is jax.random.normal of its keys."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -183,18 +184,21 @@ def prng_check() -> dict:
 
     key = jax.random.key(2026)
     keys = jax.random.split(key, 4)
+    sizes = (17, 3000, 17, 1)  # one per key of `keys`
 
     def ours(k, ks):
         return (prng.random_bits(k, (3, 1000)), prng.bernoulli(k, 0.9, (7, 129)),
                 prng.standard_normal(k, (4099,)),
                 jax.random.key_data(prng.fold_in(k, jnp.arange(5))),
-                jax.vmap(lambda k: prng.bernoulli(k, 0.8, (9, 11)))(ks))
+                jax.vmap(lambda k: prng.bernoulli(k, 0.8, (9, 11)))(ks),
+                *prng.standard_normal_segments(jax.random.key_data(ks), sizes))
 
     def theirs(k, ks):
         return (jax.random.bits(k, (3, 1000), jnp.uint32), jax.random.bernoulli(k, 0.9, (7, 129)),
                 jax.random.normal(k, (4099,)),
                 jax.random.key_data(jax.vmap(lambda d: jax.random.fold_in(k, d))(jnp.arange(5))),
-                jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, (9, 11)))(ks))
+                jax.vmap(lambda k: jax.random.bernoulli(k, 0.8, (9, 11)))(ks),
+                *(jax.random.normal(ks[j], (n,)) for j, n in enumerate(sizes)))
 
     compiled = jax.jit(ours).lower(key, keys).compile()
     same = [bool(np.array_equal(np.asarray(a), np.asarray(b)))
