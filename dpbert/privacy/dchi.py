@@ -98,6 +98,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_pipelines import tokenization
+from dpbert import prng
 
 MECHANISMS = ("none", "text_to_text", "token_rep")
 # The five special tokens of every BERT vocabulary; [unusedN] placeholders are special too.
@@ -134,10 +135,12 @@ def sample_noise(key: jax.Array, shape: tuple[int, ...], dim: int, eta: jax.Arra
     """dχ noise N with density ∝ exp(-η‖N‖) in R^dim, float32 [*shape, dim].
 
     N = r·u, r ~ Gamma(dim, scale 1/η) (the radial law of that density), u uniform on the unit
-    sphere (a normalised standard Gaussian vector).
+    sphere (a normalised standard Gaussian vector). The Gaussian is `prng.standard_normal`,
+    bit for bit ``jax.random.normal(k_dir, ...)`` (tested) in about 2 s less compile on the CPU
+    than JAX's rolled threefry; the gamma draw is JAX's own.
     """
     k_dir, k_rad = jax.random.split(key)
-    direction = jax.random.normal(k_dir, (*shape, dim), jnp.float32)
+    direction = prng.standard_normal(k_dir, (*shape, dim))
     direction = direction / jnp.linalg.norm(direction, axis=-1, keepdims=True)
     radius = jax.random.gamma(k_rad, float(dim), shape, jnp.float32) / jnp.asarray(eta, jnp.float32)
     return radius[..., None] * direction
@@ -409,7 +412,7 @@ def _explicit_batch_axis(x: jax.Array) -> tuple[Any, Any] | None:
 
 def _privatize_vmapped(privatizer: Privatizer, batch: Batch, key: jax.Array) -> Batch:
     positions = jnp.arange(jnp.shape(batch["input_ids"])[0], dtype=jnp.uint32)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, positions)
+    keys = prng.fold_in(key, positions)  # bit for bit vmap(jax.random.fold_in), one fusion
     return jax.vmap(privatize_example, in_axes=(None, 0, 0))(privatizer, batch, keys)
 
 

@@ -305,6 +305,30 @@ def test_each_example_is_privatized_afresh(clustered_table):
                               jax.random.key_data(dchi.batch_key(jax.random.key(0), 3, 1)))
 
 
+def test_noise_and_example_keys_are_jax_random_bit_for_bit(monkeypatch):
+    """The Gaussian of `sample_noise` and the per-example keys of `privatize_batch` come from
+    `dpbert.prng` (less compile on the CPU): the same bits as jax.random's, jitted and vmapped
+    as the train step runs them."""
+    def reference(key):
+        k_dir, k_rad = jax.random.split(key)
+        direction = jax.random.normal(k_dir, (24, 8), jnp.float32)
+        direction = direction / jnp.linalg.norm(direction, axis=-1, keepdims=True)
+        return (jax.random.gamma(k_rad, 8.0, (24,), jnp.float32) / jnp.float32(3.0)
+                )[:, None] * direction
+
+    keys = jax.random.split(jax.random.key(11), 5)
+    got = jax.jit(jax.vmap(lambda k: dchi.sample_noise(k, (24,), 8, 3.0)))(keys)
+    np.testing.assert_array_equal(got, jax.jit(jax.vmap(reference))(keys))
+    # The per-example keys: fold_in(key, position in the batch).
+    monkeypatch.setattr(dchi, "privatize_example",
+                        lambda privatizer, example, key: {"key": jax.random.key_data(key)})
+    batch = {"input_ids": jnp.zeros((BATCH, 3), jnp.int32)}
+    key = dchi.batch_key(jax.random.key(5), 7, 2)
+    got = jax.jit(dchi.privatize_batch)(None, batch, key)["key"]
+    want = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(BATCH))
+    np.testing.assert_array_equal(got, jax.random.key_data(want))
+
+
 @pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit])
 def test_privatizer_shards_along_the_batch(clustered_table, axis_type):
     """With the batch split over a (data, fsdp) mesh of 8 devices (auto axes as in
