@@ -4,9 +4,9 @@ outlives the run and may be shared (a team's cache folder, a bucket). A key the 
 sampling, dropout or dχ release depends on that is a CONSTANT of a program (closed over instead
 of passed as an argument) would be readable there, and with it the noise.
 
-Two checks over a cache folder of the test's own (every program compiled is written; those this
-process compiled before are in memory and not compiled again, but a program holding this
-run's secrets is new by construction):
+Two checks over a cache folder of the test's own, empty at the start (every program compiled is
+written; those this process compiled before are in memory and not compiled again, but a
+program holding this run's secrets is new by construction):
 - a second run with OTHER secrets writes no new program: a program whose text depends on a
   secret, or on anything derived from one (a folded key), differs between the two runs;
 - no program compiled since the secrets exist holds both 32-bit words of a secret key (or of a
@@ -17,7 +17,6 @@ run's secrets is new by construction):
 import dataclasses
 import os
 import pathlib
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -40,22 +39,18 @@ SECOND = randomness.RunSecrets((0x01AFCCB1, 0xC0AE32B9), (0xF857855F << 32) | 0x
 
 @pytest.fixture
 def own_cache(tmp_path):
-    """This test's own persistent cache folder (the session's is shared with the other
-    pytest-xdist worker, whose programs would look new), starting as a snapshot of the
-    session's (hard links: what other tests compiled is not compiled again); every program
-    compiled is written."""
+    """This test's own persistent cache folder, empty (the session's is shared with the other
+    pytest-xdist worker, whose programs would look new); every program compiled is written.
+    Nothing the session compiled could be reused here anyway: JAX puts the cache folder's path
+    into the compile options it hashes (its GPU autotuning cache,
+    `jax_persistent_cache_enable_xla_caches`), so the same program has another key in another
+    folder (checked: one module, two folders, two keys)."""
     from jax._src import compilation_cache  # noqa: PLC0415
 
     assert os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS") == "0"  # all written
     previous = jax.config.jax_compilation_cache_dir
     folder = tmp_path / "xla_cache"
     folder.mkdir()
-    for entry in (pathlib.Path(previous).iterdir() if previous else ()):
-        if entry.name.endswith("-cache") and entry.is_file():
-            try:
-                os.link(entry, folder / entry.name)
-            except OSError:
-                shutil.copyfile(entry, folder / entry.name)
     jax.config.update("jax_compilation_cache_dir", str(folder))
     compilation_cache.reset_cache()
     yield folder
@@ -153,7 +148,7 @@ def test_no_secret_is_compiled_into_a_cached_program(kind, hf_start, toy, cache_
     else:
         run = _finetune_run(toy, {"privacy.mode": "texthide", "privacy.k": 2,
                                   "privacy.m": 4})
-    before = set(_programs(own_cache))  # the session's, linked: compiled before these secrets
+    before = set(_programs(own_cache))  # empty: the folder is new
     _run_with(FIRST, monkeypatch, run, tmp_path / "a")
     after_first = _programs(own_cache)
     assert set(after_first) - before  # the cache is on and holds this run's new programs
