@@ -46,6 +46,12 @@ acc_init() {
       || log "MiniLM unpack failed (the parts that need it fail)"
     case ":$PYTHONPATH:" in *:/tmp/site:*) ;; *) export PYTHONPATH="$PYTHONPATH:/tmp/site" ;; esac
   fi
+  if ! $PY -c "import jax, absl" 2>/dev/null; then  # else every part fails the same way
+    log "$NAME: $PY cannot import jax and absl: run it in the project's environment" \
+        "(. .venv/bin/activate) or set PYTHON to an interpreter that has them"
+    rm -rf "$PARTS" "$WORK"
+    exit 1
+  fi
   if [ -d .whl/data ]; then export DPBERT_SHARED_DATA="$PWD/.whl/data"; fi
   if [ $SMOKE = 1 ]; then   # tiny sizes: the sentiment sets cut to their first 64 rows
     local src=${DPBERT_SHARED_DATA:-$(cd .. && pwd)/shared/data} f
@@ -111,6 +117,13 @@ part() {
 }
 
 acc_done() {
+  local f rc failed=""
+  for f in "$PARTS"/*.meta.json; do
+    [ -e "$f" ] || continue
+    rc=$(sed -n 's/^{"rc": \([0-9]*\),.*/\1/p' "$f")
+    [ -n "$rc" ] && [ "$rc" != 0 ] && failed="$failed $(basename "$f" .meta.json) (rc $rc)"
+  done
+  log "parts that failed:${failed:- none}"
   log "done: $OUT/$NAME.json (wall $(( $(date +%s) - START )) s)"
   rm -rf "$WORK"
 }

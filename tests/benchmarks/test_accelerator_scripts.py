@@ -71,6 +71,28 @@ def test_part_keeps_the_launchers_logs_of_a_failed_part(tmp_path):
     assert "runs/x.log" in part["log_tail"] and "launcher-said-this" in part["log_tail"]
 
 
+def test_the_end_names_the_failed_parts_and_a_python_without_jax_stops_at_once(tmp_path):
+    """common.sh: acc_done says which parts failed (a smoke run from a shell without the
+    project's environment failed every part with rc 1 and ended "done"); acc_init refuses an
+    interpreter that cannot import jax, with one line saying what to do, before any part."""
+    script = tmp_path / "t.sh"
+    script.write_text(
+        f"set -u; cd {ROOT}\nsource benchmarks/accelerator/common.sh\n"
+        "acc_init tcommon '' 60 60\n"
+        "part good 15 true\npart bad 15 bash -c 'exit 4'\nacc_done\n")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable,
+           "HOME": str(tmp_path)}
+    out = subprocess.run(["bash", str(script)], check=True, env=env, capture_output=True,
+                         text=True).stdout
+    assert "parts that failed: bad (rc 4)" in out, out
+    env["OUT"] = str(tmp_path / "out2")
+    no_jax = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True,
+                            env=dict(env, PYTHON="false"))
+    assert no_jax.returncode == 1
+    assert "false cannot import jax and absl" in no_jax.stdout, no_jax.stdout
+    assert "start good" not in no_jax.stdout
+
+
 def test_run_logged_keeps_the_callers_pythonpath(tmp_path, monkeypatch):
     """Packages installed beside the environment (the device scripts' /tmp/site) reach the
     launchers that the benchmarks start (a device run lost ml_collections without it)."""
